@@ -1,0 +1,20 @@
+//! Compiles `proto/` with protox (pure Rust, so no system `protoc` is needed),
+//! writes the descriptor set for server reflection, and generates the tonic code.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = [proto_root.join("floret/v1/floret.proto")];
+    for file in &files {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
+    let descriptors = protox::compile(&files, [&proto_root])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("floret_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

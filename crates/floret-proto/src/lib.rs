@@ -1,0 +1,18 @@
+//! floret's wire types: the `floret.v1` protobuf messages and the tonic
+//! clients and servers of the `Floret` and `Admin` services, generated at build
+//! time from `proto/floret/v1/` by protox (no system `protoc`).
+//!
+//! Only the gRPC edge (server services, client library) uses these types; the
+//! scheduler and the store never see them.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - The raft transport between nodes is not part of this API yet.
+
+/// The `floret.v1` package: data plane (`Floret`) and inspection (`Admin`).
+pub mod v1 {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("floret.v1");
+}
+
+/// Encoded `FileDescriptorSet` of every floret proto, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("floret_descriptor");

@@ -1,0 +1,53 @@
+//! Fair scheduling for one queue: which producer's message goes out next, and
+//! which delivered messages are still leased to a consumer.
+//!
+//! floret-sched owns the in-node level of fairness described in DESIGN.md
+//! ("Fairness, two levels"): deficit round robin across the producers that
+//! have deliverable messages, each getting `weight` messages per turn, plus the
+//! delivery leases that turn a missing ack into a redelivery.
+//!
+//! How it fits: the store persists messages and tells the server which
+//! sequences were committed; the server's per-queue dispatcher drives a
+//! [`Scheduler`] with those inputs ([`Scheduler::enqueued`]), asks it for the
+//! next message when a consumer has credit ([`Scheduler::next`]), routes acks
+//! and nacks to it, and calls [`Scheduler::expire`] from its timer. This crate
+//! only decides order and tracks leases: it never sees a payload, reads no
+//! clock (time is passed in), does no I/O and has no async. Memory is
+//! O(producers holding messages), never O(backlog): a producer's undelivered
+//! messages are a range of sequence numbers.
+//!
+//! IMPLEMENTATION CAVEATS:
+//!
+//! - Attempts live in memory only. After a leader change the new leader
+//!   rebuilds its scheduler from the state machine and every unacked message
+//!   starts again at attempt 1, so max-delivery-attempts counts per leader term.
+//! - A producer's slot, tail included, is dropped once it holds nothing. A
+//!   range announced again after that (sequences already acked) is taken as new
+//!   and delivered again: the caller must announce each sequence once.
+//! - Max in flight per producer (strict per-producer order), priority tiers,
+//!   TTL and dead-lettering are not here yet; the caller applies them.
+//! - Every message costs one credit whatever its size: DRR counts messages,
+//!   not bytes.
+//! - The lease timeout is one value for the whole scheduler, fixed at
+//!   construction; there is no per-message extension ("touch") yet.
+//! - The slab of producer slots never shrinks: its length is the peak number
+//!   of producers holding messages at once (a freed slot keeps only a
+//!   generation number).
+//! - Weight overrides are kept until reset with `set_weight(p, None)`, even
+//!   across [`Scheduler::forget`], since they are policy rather than state.
+
+mod config;
+mod dispatch;
+mod error;
+mod lease_heap;
+mod producer;
+mod ring;
+mod scheduler;
+mod slab;
+mod undelivered;
+
+pub use config::SchedulerConfig;
+pub use dispatch::Dispatch;
+pub use error::SettleError;
+pub use producer::ProducerView;
+pub use scheduler::Scheduler;

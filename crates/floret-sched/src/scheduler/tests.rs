@@ -1,0 +1,454 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn scheduler() -> Scheduler<&'static str> {
+    Scheduler::new(SchedulerConfig {
+        default_weight: 1,
+        lease_timeout: TIMEOUT,
+    })
+}
+
+/// Producer names of the next `count` dispatches, e.g. "abab".
+fn order(scheduler: &mut Scheduler<&'static str>, now: Instant, count: usize) -> String {
+    (0..count)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect()
+}
+
+fn dispatch(producer: &'static str, sequence: u64, attempt: u32) -> Option<Dispatch<&'static str>> {
+    Some(Dispatch {
+        producer,
+        sequence,
+        attempt,
+    })
+}
+
+#[test]
+fn zero_default_weight_counts_as_one() {
+    let mut scheduler = Scheduler::new(SchedulerConfig {
+        default_weight: 0,
+        ..SchedulerConfig::default()
+    });
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.enqueued(&"b", 1..3);
+    assert_eq!(scheduler.backlogged_weight(), 2);
+    assert_eq!(order(&mut scheduler, Instant::now(), 4), "abab");
+}
+
+#[test]
+fn default_config_is_weight_one_and_thirty_seconds() {
+    let config = SchedulerConfig::default();
+    assert_eq!(config.default_weight, 1);
+    assert_eq!(config.lease_timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn next_on_empty_scheduler_is_none() {
+    let mut scheduler = scheduler();
+    assert_eq!(scheduler.next(Instant::now()), None);
+    assert_eq!(scheduler.next_deadline(), None);
+}
+
+#[test]
+fn empty_range_creates_no_slot() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 4..4);
+    assert_eq!(scheduler.producer(&"a"), None);
+    assert_eq!(scheduler.backlogged_producers(), 0);
+}
+
+#[test]
+fn enqueued_counts_ready_messages_and_backlogged_producers() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 1..4);
+    scheduler.enqueued(&"b", 10..12);
+    assert_eq!(scheduler.ready_messages(), 5);
+    assert_eq!(scheduler.backlogged_producers(), 2);
+    assert_eq!(scheduler.backlogged_weight(), 2);
+    let view = scheduler.producer(&"a").unwrap();
+    assert_eq!(
+        view,
+        ProducerView {
+            ready: 3,
+            in_flight: 0,
+            weight: 1,
+            deficit: 0
+        }
+    );
+}
+
+#[test]
+fn enqueue_while_backlogged_does_not_add_a_second_ring_entry() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.enqueued(&"a", 2..3);
+    scheduler.enqueued(&"b", 1..2);
+    assert_eq!(scheduler.ring.entries(), 2);
+    assert_eq!(order(&mut scheduler, Instant::now(), 3), "aba");
+}
+
+#[test]
+fn overlapping_range_does_not_deliver_twice() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    assert_eq!(scheduler.next(now), dispatch("a", 1, 1));
+    scheduler.enqueued(&"a", 1..4);
+    assert_eq!(scheduler.ready_messages(), 2);
+    assert_eq!(scheduler.next(now), dispatch("a", 2, 1));
+    assert_eq!(scheduler.next(now), dispatch("a", 3, 1));
+    assert_eq!(scheduler.next(now), None);
+}
+
+#[test]
+fn hole_in_sequences_is_skipped_after_the_messages_before_it() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.enqueued(&"a", 7..8);
+    let sequences: Vec<u64> = std::iter::from_fn(|| scheduler.next(now))
+        .map(|dispatch| dispatch.sequence)
+        .collect();
+    assert_eq!(sequences, [1, 2, 7]);
+}
+
+#[test]
+fn flooding_producer_cannot_starve_quiet_ones() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 1..1_000);
+    scheduler.enqueued(&"b", 1..3);
+    scheduler.enqueued(&"c", 1..2);
+    assert_eq!(order(&mut scheduler, Instant::now(), 7), "abcabaa");
+}
+
+#[test]
+fn producer_arriving_late_waits_one_round_at_most() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..1_000);
+    scheduler.enqueued(&"b", 1..1_000);
+    assert_eq!(order(&mut scheduler, now, 3), "aba");
+    scheduler.enqueued(&"c", 1..2);
+    assert_eq!(order(&mut scheduler, now, 3), "bac");
+}
+
+#[test]
+fn weighted_producer_gets_weight_messages_per_turn() {
+    let mut scheduler = scheduler();
+    scheduler.set_weight(&"a", Some(3));
+    scheduler.enqueued(&"a", 1..100);
+    scheduler.enqueued(&"b", 1..100);
+    assert_eq!(scheduler.backlogged_weight(), 4);
+    assert_eq!(order(&mut scheduler, Instant::now(), 8), "aaabaaab");
+}
+
+#[test]
+fn deficit_counts_credits_left_in_the_turn() {
+    let mut scheduler = scheduler();
+    scheduler.set_weight(&"a", Some(3));
+    scheduler.enqueued(&"a", 1..100);
+    scheduler.next(Instant::now());
+    assert_eq!(scheduler.producer(&"a").unwrap().deficit, 2);
+}
+
+#[test]
+fn weight_override_takes_effect_from_next_turn() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_weight(&"a", Some(3));
+    scheduler.enqueued(&"a", 1..100);
+    scheduler.enqueued(&"b", 1..100);
+    assert_eq!(order(&mut scheduler, now, 1), "a");
+    scheduler.set_weight(&"a", Some(1));
+    assert_eq!(scheduler.backlogged_weight(), 2);
+    assert_eq!(order(&mut scheduler, now, 6), "aababa");
+}
+
+#[test]
+fn weight_override_survives_idle_producer() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_weight(&"a", Some(2));
+    assert_eq!(scheduler.producer(&"a"), None);
+    scheduler.enqueued(&"a", 1..2);
+    let first = scheduler.next(now).unwrap();
+    scheduler.ack(&"a", first.sequence, first.attempt).unwrap();
+    assert_eq!(scheduler.producer(&"a"), None);
+    scheduler.enqueued(&"a", 2..3);
+    assert_eq!(scheduler.producer(&"a").unwrap().weight, 2);
+}
+
+#[test]
+fn zero_weight_override_counts_as_one() {
+    let mut scheduler = scheduler();
+    scheduler.set_weight(&"a", Some(0));
+    scheduler.enqueued(&"a", 1..2);
+    assert_eq!(scheduler.producer(&"a").unwrap().weight, 1);
+}
+
+#[test]
+fn cleared_weight_goes_back_to_default() {
+    let mut scheduler = Scheduler::new(SchedulerConfig {
+        default_weight: 2,
+        ..SchedulerConfig::default()
+    });
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.set_weight(&"a", Some(5));
+    assert_eq!(scheduler.backlogged_weight(), 5);
+    scheduler.set_weight(&"a", None);
+    assert_eq!(scheduler.producer(&"a").unwrap().weight, 2);
+    assert_eq!(scheduler.backlogged_weight(), 2);
+}
+
+#[test]
+fn drained_producer_leaves_ring_with_no_credit_left() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_weight(&"a", Some(3));
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.next(now);
+    assert_eq!(scheduler.backlogged_producers(), 0);
+    assert_eq!(scheduler.backlogged_weight(), 0);
+    assert_eq!(scheduler.producer(&"a").unwrap().deficit, 0);
+    scheduler.enqueued(&"b", 1..3);
+    scheduler.enqueued(&"a", 2..10);
+    assert_eq!(order(&mut scheduler, now, 5), "baaab");
+}
+
+#[test]
+fn dispatch_leases_until_now_plus_timeout() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(now);
+    assert_eq!(scheduler.next_deadline(), Some(now + TIMEOUT));
+    assert_eq!((scheduler.ready_messages(), scheduler.in_flight()), (1, 1));
+    assert_eq!(scheduler.producer(&"a").unwrap().in_flight, 1);
+}
+
+#[test]
+fn acked_message_is_not_redelivered() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.next(now);
+    assert_eq!(scheduler.ack(&"a", 1, 1), Ok(()));
+    assert_eq!(scheduler.in_flight(), 0);
+    assert_eq!(scheduler.expire(now + TIMEOUT), 0);
+    assert_eq!(scheduler.next(now + TIMEOUT), None);
+}
+
+#[test]
+fn idle_producer_leaves_no_slot() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(now);
+    scheduler.next(now);
+    scheduler.ack(&"a", 1, 1).unwrap();
+    assert!(scheduler.producer(&"a").is_some());
+    scheduler.ack(&"a", 2, 1).unwrap();
+    assert_eq!(scheduler.producer(&"a"), None);
+    assert_eq!(scheduler.slots.len(), 0);
+}
+
+#[test]
+fn ack_of_expired_lease_is_refused() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.next(now);
+    assert_eq!(scheduler.expire(now + TIMEOUT), 1);
+    assert_eq!(scheduler.ack(&"a", 1, 1), Err(SettleError::NotLeased));
+    assert_eq!(scheduler.ready_messages(), 1);
+}
+
+#[test]
+fn late_ack_of_first_attempt_cannot_settle_the_redelivery() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.next(now);
+    scheduler.expire(now + TIMEOUT);
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("a", 1, 2));
+    assert_eq!(scheduler.ack(&"a", 1, 1), Err(SettleError::NotLeased));
+    assert_eq!(scheduler.ack(&"a", 1, 2), Ok(()));
+}
+
+#[test]
+fn double_ack_is_refused() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(Instant::now());
+    scheduler.ack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.ack(&"a", 1, 1), Err(SettleError::NotLeased));
+}
+
+#[test]
+fn ack_of_undelivered_message_is_refused() {
+    let mut scheduler = scheduler();
+    scheduler.enqueued(&"a", 1..3);
+    assert_eq!(scheduler.ack(&"a", 1, 1), Err(SettleError::NotLeased));
+    assert_eq!(scheduler.ack(&"b", 1, 1), Err(SettleError::NotLeased));
+    assert_eq!(scheduler.ready_messages(), 2);
+}
+
+#[test]
+fn redelivered_message_keeps_producer_order_first() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..5);
+    scheduler.next(now);
+    scheduler.next(now);
+    scheduler.nack(&"a", 2, 1).unwrap();
+    scheduler.nack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.next(now), dispatch("a", 1, 2));
+    assert_eq!(scheduler.next(now), dispatch("a", 2, 2));
+    assert_eq!(scheduler.next(now), dispatch("a", 3, 1));
+}
+
+#[test]
+fn nack_puts_idle_producer_back_at_the_end_of_the_ring() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.enqueued(&"b", 1..3);
+    assert_eq!(order(&mut scheduler, now, 2), "ab");
+    assert_eq!(scheduler.backlogged_producers(), 1);
+    scheduler.nack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.backlogged_producers(), 2);
+    assert_eq!((scheduler.ready_messages(), scheduler.in_flight()), (2, 1));
+    assert_eq!(scheduler.next(now), dispatch("b", 2, 1));
+    assert_eq!(scheduler.next(now), dispatch("a", 1, 2));
+}
+
+#[test]
+fn nack_of_settled_message_is_refused() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(now);
+    scheduler.next(now);
+    scheduler.ack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.nack(&"a", 1, 1), Err(SettleError::NotLeased));
+    scheduler.nack(&"a", 2, 1).unwrap();
+    assert_eq!(scheduler.nack(&"a", 2, 1), Err(SettleError::NotLeased));
+    assert_eq!(scheduler.nack(&"z", 2, 1), Err(SettleError::NotLeased));
+    assert_eq!((scheduler.ready_messages(), scheduler.in_flight()), (1, 0));
+}
+
+#[test]
+fn expired_lease_is_redelivered_with_next_attempt() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(now);
+    assert_eq!(scheduler.expire(now + TIMEOUT), 1);
+    assert_eq!(scheduler.in_flight(), 0);
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("a", 1, 2));
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("a", 2, 1));
+}
+
+#[test]
+fn lease_does_not_expire_before_its_deadline() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.next(now);
+    assert_eq!(
+        scheduler.expire(now + TIMEOUT - Duration::from_millis(1)),
+        0
+    );
+    assert_eq!(scheduler.in_flight(), 1);
+}
+
+#[test]
+fn expire_counts_only_live_leases() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..4);
+    scheduler.next(now);
+    scheduler.next(now);
+    scheduler.next(now);
+    scheduler.nack(&"a", 2, 1).unwrap();
+    scheduler.ack(&"a", 3, 1).unwrap();
+    assert_eq!(scheduler.expire(now + TIMEOUT), 1);
+    assert_eq!(scheduler.lease_heap.len(), 0);
+}
+
+#[test]
+fn next_deadline_skips_settled_leases_on_top() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    let later = now + Duration::from_secs(5);
+    scheduler.enqueued(&"a", 1..3);
+    scheduler.next(now);
+    scheduler.next(later);
+    scheduler.ack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.next_deadline(), Some(later + TIMEOUT));
+    scheduler.ack(&"a", 2, 1).unwrap();
+    assert_eq!(scheduler.next_deadline(), None);
+}
+
+#[test]
+fn forgotten_producer_leaves_no_trace_but_its_weight() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_weight(&"a", Some(2));
+    scheduler.enqueued(&"a", 1..5);
+    scheduler.next(now);
+    scheduler.forget(&"a");
+    assert_eq!(scheduler.producer(&"a"), None);
+    assert_eq!(scheduler.backlogged_producers(), 0);
+    assert_eq!(scheduler.backlogged_weight(), 0);
+    assert_eq!((scheduler.ready_messages(), scheduler.in_flight()), (0, 0));
+    assert_eq!(scheduler.next_deadline(), None);
+    assert_eq!(scheduler.ack(&"a", 1, 1), Err(SettleError::NotLeased));
+    scheduler.enqueued(&"a", 5..6);
+    assert_eq!(scheduler.producer(&"a").unwrap().weight, 2);
+}
+
+#[test]
+fn forgotten_producer_turn_passes_to_the_next() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..5);
+    scheduler.enqueued(&"b", 1..5);
+    scheduler.forget(&"a");
+    scheduler.forget(&"nobody");
+    assert_eq!(order(&mut scheduler, now, 3), "bbb");
+    assert_eq!(scheduler.ring.entries(), 1);
+}
+
+#[test]
+fn reused_slot_ignores_leases_of_its_previous_producer() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..2);
+    scheduler.enqueued(&"b", 1..2);
+    scheduler.next(now);
+    scheduler.forget(&"a");
+    scheduler.enqueued(&"c", 1..3);
+    assert_eq!(scheduler.next(now), dispatch("b", 1, 1));
+    assert_eq!(scheduler.next(now), dispatch("c", 1, 1));
+    assert_eq!(scheduler.expire(now + TIMEOUT), 2);
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("c", 1, 2));
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("b", 1, 2));
+    assert_eq!(scheduler.next(now + TIMEOUT), dispatch("c", 2, 1));
+    assert_eq!(scheduler.next(now + TIMEOUT), None);
+}
+
+#[test]
+fn scheduler_takes_the_servers_arc_str_keys() {
+    let mut scheduler: Scheduler<Arc<str>> = Scheduler::new(SchedulerConfig::default());
+    let producer: Arc<str> = Arc::from("tenant-1");
+    scheduler.enqueued(&producer, 1..2);
+    let dispatch = scheduler.next(Instant::now()).unwrap();
+    assert_eq!(&*dispatch.producer, "tenant-1");
+    assert_eq!(scheduler.ack(&producer, 1, 1), Ok(()));
+}

@@ -1,0 +1,217 @@
+//! Opening a node's data dir: one sled database for every shard, a format
+//! marker that tells a floret data dir from anything else, and clear errors
+//! when the dir is foreign or already in use by another node.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::flusher::Flusher;
+use crate::log_store::LogStore;
+use crate::state_machine::{AppliedListener, StateMachine};
+use crate::types::ShardId;
+
+/// Name of the marker file written into every floret data dir.
+pub const MARKER_FILE: &str = "FLORET";
+/// Version of the on-disk layout this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Key in sled's default tree that pins the shard count of a data dir.
+const SHARD_COUNT_KEY: &[u8] = b"shard_count";
+
+/// Why a data dir cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The dir holds files but no floret marker.
+    #[error(
+        "{path} is not empty and is not a floret data dir (no {MARKER_FILE} marker); pick an empty or floret dir"
+    )]
+    NotFloret {
+        /// The data dir.
+        path: PathBuf,
+    },
+    /// The marker names a layout this build does not know.
+    #[error("{path} holds floret data format {found}, this build reads format {FORMAT_VERSION}")]
+    UnknownFormat {
+        /// The data dir.
+        path: PathBuf,
+        /// What the marker says.
+        found: String,
+    },
+    /// Another process holds the database lock.
+    #[error("{path} is in use by another running floret node (its database lock is held)")]
+    Locked {
+        /// The data dir.
+        path: PathBuf,
+    },
+    /// The data dir was created with another shard count.
+    #[error(
+        "{path} was created with {found} shards, the configuration asks for {requested}; shard count cannot change"
+    )]
+    ShardCountMismatch {
+        /// The data dir.
+        path: PathBuf,
+        /// Shard count stored in the data dir.
+        found: u32,
+        /// Shard count of the configuration.
+        requested: u32,
+    },
+    /// Anything else from the file system or sled.
+    #[error("cannot open data dir {path}: {source}")]
+    Io {
+        /// The data dir.
+        path: PathBuf,
+        /// The underlying failure.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A node's open data dir: the sled database and its flusher.
+pub struct Database {
+    db: sled::Db,
+    dir: PathBuf,
+    flusher: Flusher,
+    flusher_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Database {
+    /// Opens `dir`, creating a new floret data dir if it is missing or empty.
+    pub fn open(dir: &Path) -> Result<Self, OpenError> {
+        let io_error = |source| OpenError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        check_marker(dir)?;
+        let sled_dir = dir.join("sled");
+        let db = sled::Config::new()
+            .path(&sled_dir)
+            .open()
+            .map_err(|error| match error {
+                sled::Error::Io(source)
+                    if source.kind() == io::ErrorKind::WouldBlock
+                        || source.to_string().contains("lock") =>
+                {
+                    OpenError::Locked {
+                        path: dir.to_path_buf(),
+                    }
+                }
+                sled::Error::Io(source) => io_error(source),
+                other => io_error(io::Error::other(other)),
+            })?;
+        let (flusher, flusher_thread) = Flusher::start(db.clone(), &sled_dir).map_err(io_error)?;
+        Ok(Self {
+            db,
+            dir: dir.to_path_buf(),
+            flusher,
+            flusher_thread: Some(flusher_thread),
+        })
+    }
+
+    /// Log storage of one shard.
+    pub fn log_store(&self, shard: ShardId) -> Result<LogStore, sled::Error> {
+        LogStore::open(&self.db, shard, self.flusher.clone())
+    }
+
+    /// State machine of one shard, reporting what it applies to `events`.
+    pub fn state_machine(
+        &self,
+        shard: ShardId,
+        events: Option<AppliedListener>,
+    ) -> Result<StateMachine, sled::Error> {
+        StateMachine::open(&self.db, shard, &self.dir.join("snapshots"), events)
+    }
+
+    /// Waits until everything written so far is durable.
+    pub async fn sync(&self) -> io::Result<()> {
+        self.flusher.sync().await
+    }
+
+    /// Records the shard count on first use and refuses a different one later:
+    /// producers are placed by it, so changing it would hide their queues.
+    pub fn claim_shard_count(&self, shard_count: u32) -> Result<(), OpenError> {
+        let io_error = |source| OpenError::Io {
+            path: self.dir.clone(),
+            source,
+        };
+        let stored = self
+            .db
+            .compare_and_swap(
+                SHARD_COUNT_KEY,
+                None as Option<&[u8]>,
+                Some(&shard_count.to_be_bytes()[..]),
+            )
+            .map_err(|e| io_error(io::Error::other(e)))?;
+        match stored {
+            Ok(()) => Ok(()),
+            Err(current) => {
+                let found = current
+                    .current
+                    .and_then(|bytes| <[u8; 4]>::try_from(bytes.as_ref()).ok())
+                    .map(u32::from_be_bytes)
+                    .unwrap_or(0);
+                if found == shard_count {
+                    Ok(())
+                } else {
+                    Err(OpenError::ShardCountMismatch {
+                        path: self.dir.clone(),
+                        found,
+                        requested: shard_count,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Syncs, stops the flusher and waits for it, so that once every shard
+    /// handle is dropped too the data dir can be opened again.
+    pub fn close(mut self) {
+        self.flusher.stop();
+        if let Some(thread) = self.flusher_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the flusher thread panicked");
+        }
+    }
+
+    /// Bytes the database takes on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+fn check_marker(dir: &Path) -> Result<(), OpenError> {
+    let io_error = |source| OpenError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let marker = dir.join(MARKER_FILE);
+    match fs::read_to_string(&marker) {
+        Ok(content) => {
+            let found = content.trim();
+            if found == format!("format {FORMAT_VERSION}") {
+                Ok(())
+            } else {
+                Err(OpenError::UnknownFormat {
+                    path: dir.to_path_buf(),
+                    found: found.to_owned(),
+                })
+            }
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(dir).map_err(io_error)?;
+            if fs::read_dir(dir).map_err(io_error)?.next().is_some() {
+                return Err(OpenError::NotFloret {
+                    path: dir.to_path_buf(),
+                });
+            }
+            fs::write(&marker, format!("format {FORMAT_VERSION}\n")).map_err(io_error)?;
+            fs::File::open(&marker)
+                .and_then(|f| f.sync_all())
+                .map_err(io_error)?;
+            fs::File::open(dir)
+                .and_then(|f| f.sync_all())
+                .map_err(io_error)
+        }
+        Err(error) => Err(io_error(error)),
+    }
+}

@@ -1,0 +1,32 @@
+//! floret's storage: the per-shard openraft log store and queue state
+//! machine on one sled database per node.
+//!
+//! A node opens its data dir with [`Database::open`], then asks it for each
+//! shard's [`LogStore`] and [`StateMachine`]. Log appends are made durable by
+//! the node's single [`Flusher`] thread (group commit across shards, with a
+//! real `fdatasync`); the state machine keeps each producer's messages keyed
+//! by `(queue, producer, sequence)` and only counters per producer, so memory
+//! never holds the backlog.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Snapshots are whole-tree images held in memory while built or installed.
+//! - Delivery attempts are not replicated: they live in the leader's scheduler.
+
+mod database;
+mod flusher;
+pub mod keys;
+mod log_store;
+mod reader;
+pub mod records;
+mod snapshot;
+mod state_machine;
+mod storage_error;
+mod types;
+
+pub use database::{Database, FORMAT_VERSION, MARKER_FILE, OpenError};
+pub use flusher::{FlushWaiter, Flusher};
+pub use log_store::LogStore;
+pub use reader::{ProducerEntry, ShardReader};
+pub use snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
+pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};
+pub use types::*;

@@ -1,0 +1,382 @@
+//! openraft's state machine for one shard: per-producer queues in one sled
+//! tree, so each `apply` call is one atomic batch (messages, producer
+//! records, last applied log id and membership together).
+//!
+//! Applying is deterministic: the leader chose the commit time, and the only
+//! replies are computed from the replicated state. A sled error is not
+//! deterministic and is returned as a `StorageError`, which stops the group
+//! rather than letting replicas diverge.
+//!
+//! The state machine reports what it applied through [`AppliedEvent`]s so the
+//! node's dispatcher learns of new messages without polling.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - `apply` does not flush: after a crash openraft re-applies from the last
+//!   applied id up to the committed one it saved in the log store.
+//! - Producer records are kept forever (idle clean-up comes with policies).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Cursor;
+use std::ops::Range;
+use std::path::Path;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
+use std::sync::Arc;
+
+use crate::keys;
+use crate::reader::ShardReader;
+use crate::records::{AppliedState, ProducedBatch, ProducerRecord, StoredMessage, encode};
+use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
+use crate::storage_error;
+use crate::types::{
+    Command, CommandReply, Enqueue, LogId, MessageRef, Op, OpReply, ShardId, StorageError,
+    TypeConfig,
+};
+
+/// What a shard applied that the node's dispatcher must know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppliedEvent {
+    /// `sequences` of one producer were committed.
+    Enqueued {
+        /// Shard that applied them.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+        /// The new messages' sequences.
+        sequences: Range<u64>,
+    },
+    /// The shard's whole state was replaced by a snapshot.
+    Reset {
+        /// Shard whose state changed.
+        shard: ShardId,
+    },
+}
+
+/// Told of every [`AppliedEvent`], in apply order, right after the batch is written.
+/// It runs inside apply: keep it to a channel send.
+pub type AppliedListener = Arc<dyn Fn(AppliedEvent) + Send + Sync>;
+
+/// The state machine of one shard.
+pub struct StateMachine {
+    shard: ShardId,
+    reader: ShardReader,
+    snapshot_file: SnapshotFile,
+    events: Option<AppliedListener>,
+}
+
+impl StateMachine {
+    /// Opens the state-machine tree of `shard`; its snapshots go to `snapshot_dir`.
+    pub fn open(
+        db: &sled::Db,
+        shard: ShardId,
+        snapshot_dir: &Path,
+        events: Option<AppliedListener>,
+    ) -> Result<Self, sled::Error> {
+        Ok(Self {
+            shard,
+            reader: ShardReader::new(db.open_tree(format!("shard-{shard}.sm"))?),
+            snapshot_file: SnapshotFile::new(snapshot_dir, shard),
+            events,
+        })
+    }
+
+    /// Read access to this shard's queues, for the dispatcher and stats.
+    pub fn reader(&self) -> ShardReader {
+        self.reader.clone()
+    }
+
+    fn emit(&self, event: AppliedEvent) {
+        if let Some(listener) = &self.events {
+            listener(event);
+        }
+    }
+}
+
+/// Changes of one `apply` call, gathered before they are written as one batch.
+struct PendingApply<'a> {
+    tree: &'a sled::Tree,
+    batch: sled::Batch,
+    producers: HashMap<Vec<u8>, ProducerRecord>,
+    /// Messages written earlier in this same apply (a restart re-applies enqueue and ack together), with their value size.
+    inserted: HashMap<Vec<u8>, u64>,
+    removed: HashSet<Vec<u8>>,
+}
+
+impl<'a> PendingApply<'a> {
+    fn new(tree: &'a sled::Tree) -> Self {
+        Self {
+            tree,
+            batch: sled::Batch::default(),
+            producers: HashMap::new(),
+            inserted: HashMap::new(),
+            removed: HashSet::new(),
+        }
+    }
+
+    fn producer(
+        &mut self,
+        queue: &str,
+        producer: &str,
+    ) -> Result<&mut ProducerRecord, StorageError> {
+        let key = keys::producer(queue, producer);
+        if !self.producers.contains_key(&key) {
+            let record = ShardReader::decode_producer(
+                self.tree
+                    .get(&key)
+                    .map_err(storage_error::read_state_machine)?,
+            )?;
+            self.producers.insert(key.clone(), record);
+        }
+        Ok(self.producers.get_mut(&key).expect("inserted above"))
+    }
+
+    fn enqueue(
+        &mut self,
+        enqueue: &Enqueue,
+        events: &mut Vec<AppliedEvent>,
+        shard: ShardId,
+    ) -> Result<OpReply, StorageError> {
+        let record = self.producer(&enqueue.queue, &enqueue.producer)?;
+        if let (Some(sequence), Some(last)) = (enqueue.producer_sequence, record.last_batch) {
+            if sequence == last.producer_sequence {
+                return Ok(OpReply::Enqueued {
+                    first_sequence: last.first_sequence,
+                    count: last.count,
+                    duplicate: true,
+                });
+            }
+            if sequence < last.producer_sequence {
+                return Ok(OpReply::StaleProducerSequence {
+                    last: last.producer_sequence,
+                });
+            }
+        }
+        let first_sequence = record.tail;
+        let count = enqueue.messages.len() as u64;
+        let mut values = Vec::with_capacity(enqueue.messages.len());
+        for message in &enqueue.messages {
+            let value = encode(&StoredMessage {
+                payload: message.payload.clone(),
+                headers: message.headers.clone(),
+                enqueued_at_ms: enqueue.enqueued_at_ms,
+            });
+            record.bytes += value.len() as u64;
+            values.push(value);
+        }
+        record.tail += count;
+        record.messages += count;
+        if let Some(producer_sequence) = enqueue.producer_sequence {
+            record.last_batch = Some(ProducedBatch {
+                producer_sequence,
+                first_sequence,
+                count,
+            });
+        }
+        for (sequence, value) in (first_sequence..).zip(values) {
+            let key = keys::message(&enqueue.queue, &enqueue.producer, sequence);
+            self.inserted.insert(key.clone(), value.len() as u64);
+            self.batch.insert(key, value);
+        }
+        events.push(AppliedEvent::Enqueued {
+            shard,
+            queue: enqueue.queue.clone(),
+            producer: enqueue.producer.clone(),
+            sequences: first_sequence..first_sequence + count,
+        });
+        Ok(OpReply::Enqueued {
+            first_sequence,
+            count,
+            duplicate: false,
+        })
+    }
+
+    fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for message in messages {
+            let key = keys::message(&message.queue, &message.producer, message.sequence);
+            if self.removed.contains(&key) {
+                continue;
+            }
+            let size = match self.inserted.get(&key) {
+                Some(&size) => size,
+                None => match self
+                    .tree
+                    .get(&key)
+                    .map_err(storage_error::read_state_machine)?
+                {
+                    Some(value) => value.len() as u64,
+                    None => continue,
+                },
+            };
+            let record = self.producer(&message.queue, &message.producer)?;
+            record.messages -= 1;
+            record.bytes -= size;
+            record.acked += 1;
+            if record.head == message.sequence {
+                record.head += 1;
+            }
+            self.batch.remove(key.clone());
+            self.removed.insert(key);
+            count += 1;
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    fn commit(mut self, applied: &AppliedState) -> Result<(), StorageError> {
+        for (key, record) in self.producers {
+            self.batch.insert(key, encode(&record));
+        }
+        self.batch.insert(keys::APPLIED, encode(applied));
+        self.tree
+            .apply_batch(self.batch)
+            .map_err(storage_error::write_state_machine)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<u64, openraft::BasicNode>), StorageError> {
+        let applied = self.reader.applied_state()?;
+        Ok((applied.last_applied, applied.membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandReply>, StorageError>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut applied = self.reader.applied_state()?;
+        let mut pending = PendingApply::new(self.reader.tree());
+        let mut events = Vec::new();
+        let mut replies = Vec::new();
+        for entry in entries {
+            applied.last_applied = Some(entry.log_id);
+            let reply = match &entry.payload {
+                EntryPayload::Blank => CommandReply::default(),
+                EntryPayload::Membership(membership) => {
+                    applied.membership =
+                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    CommandReply::default()
+                }
+                EntryPayload::Normal(Command { ops }) => {
+                    let mut replies = Vec::with_capacity(ops.len());
+                    for op in ops {
+                        replies.push(match op {
+                            Op::Enqueue(enqueue) => {
+                                pending.enqueue(enqueue, &mut events, self.shard)?
+                            }
+                            Op::Remove(messages) => pending.remove(messages)?,
+                        });
+                    }
+                    CommandReply { replies }
+                }
+            };
+            replies.push(reply);
+        }
+        pending.commit(&applied)?;
+        for event in events {
+            self.emit(event);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            image: TreeImage::capture(self.reader.tree())
+                .map_err(storage_error::read_state_machine),
+            applied: self.reader.applied_state(),
+            file: self.snapshot_file.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let signature = Some(meta.signature());
+        let image = TreeImage::from_bytes(&data)
+            .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+        let tree = self.reader.tree();
+        let mut batch = sled::Batch::default();
+        for key in tree.iter().keys() {
+            batch.remove(key.map_err(storage_error::read_state_machine)?);
+        }
+        for (key, value) in image.pairs {
+            batch.insert(key, value);
+        }
+        batch.insert(
+            keys::APPLIED,
+            encode(&AppliedState {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+            }),
+        );
+        tree.apply_batch(batch)
+            .map_err(storage_error::write_state_machine)?;
+        self.snapshot_file
+            .save(meta, &data)
+            .map_err(|e| storage_error::write_snapshot(signature, &e))?;
+        self.emit(AppliedEvent::Reset { shard: self.shard });
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let loaded = self
+            .snapshot_file
+            .load()
+            .map_err(|e| storage_error::read_snapshot(None, &e))?;
+        Ok(loaded.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// Builds a snapshot from the tree image taken when openraft asked for the
+/// builder (between two applies, so the image matches its applied log id).
+pub struct SnapshotBuilder {
+    image: Result<TreeImage, StorageError>,
+    applied: Result<AppliedState, StorageError>,
+    file: SnapshotFile,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let image = std::mem::take(self.image.as_mut().map_err(|e| e.clone())?);
+        let applied = self.applied.clone()?;
+        let snapshot_id = match applied.last_applied {
+            Some(log_id) => format!(
+                "{}-{}-{}",
+                log_id.leader_id,
+                log_id.index,
+                image.pairs.len()
+            ),
+            None => format!("empty-{}", image.pairs.len()),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership,
+            snapshot_id,
+        };
+        let data = image.to_bytes();
+        self.file
+            .save(&meta, &data)
+            .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}

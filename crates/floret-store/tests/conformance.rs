@@ -1,0 +1,28 @@
+//! openraft's own storage conformance suite, run against the sled store.
+
+use floret_store::{Database, LogStore, StateMachine, StorageError, TypeConfig};
+use openraft::StorageIOError;
+use openraft::testing::{StoreBuilder, Suite};
+use tempfile::TempDir;
+
+struct SledStoreBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, (TempDir, Database)> for SledStoreBuilder {
+    async fn build(&self) -> Result<((TempDir, Database), LogStore, StateMachine), StorageError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            StorageError::from(StorageIOError::write_logs(&std::io::Error::other(
+                e.to_string(),
+            )))
+        };
+        let dir = TempDir::new().map_err(|e| failed(&e))?;
+        let database = Database::open(dir.path()).map_err(|e| failed(&e))?;
+        let log = database.log_store(0).map_err(|e| failed(&e))?;
+        let state_machine = database.state_machine(0, None).map_err(|e| failed(&e))?;
+        Ok(((dir, database), log, state_machine))
+    }
+}
+
+#[test]
+fn sled_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
+    Suite::test_all(SledStoreBuilder)
+}

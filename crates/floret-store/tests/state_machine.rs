@@ -1,0 +1,201 @@
+//! The state machine applied through openraft's trait, then reopened from its files.
+
+use std::collections::BTreeMap;
+
+use floret_store::{
+    Command, CommandReply, Database, Enqueue, MessageRef, NewMessage, Op, OpReply, StateMachine,
+    TypeConfig,
+};
+use openraft::storage::RaftStateMachine;
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+fn log_id(index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+fn enqueue(producer: &str, payloads: &[&str], producer_sequence: Option<u64>) -> Op {
+    Op::Enqueue(Enqueue {
+        queue: "default".into(),
+        producer: producer.into(),
+        producer_sequence,
+        enqueued_at_ms: 1_700_000_000_000,
+        messages: payloads
+            .iter()
+            .map(|p| NewMessage {
+                payload: p.as_bytes().to_vec(),
+                headers: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
+            })
+            .collect(),
+    })
+}
+
+fn entry(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command { ops }),
+    }
+}
+
+fn removal(producer: &str, sequence: u64) -> MessageRef {
+    MessageRef {
+        queue: "default".into(),
+        producer: producer.into(),
+        sequence,
+    }
+}
+
+async fn apply(
+    state_machine: &mut StateMachine,
+    entries: Vec<Entry<TypeConfig>>,
+) -> Vec<CommandReply> {
+    state_machine.apply(entries).await.expect("apply")
+}
+
+#[tokio::test]
+async fn applied_state_survives_reopening_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let database = Database::open(dir.path()).unwrap();
+        let mut state_machine = database.state_machine(3, None).unwrap();
+        let replies = apply(
+            &mut state_machine,
+            vec![
+                entry(
+                    1,
+                    vec![
+                        enqueue("a", &["a0", "a1", "a2"], None),
+                        enqueue("b", &["b0"], None),
+                    ],
+                ),
+                entry(
+                    2,
+                    vec![
+                        Op::Remove(vec![removal("a", 1), removal("a", 0)]),
+                        enqueue("a", &["a3"], None),
+                    ],
+                ),
+            ],
+        )
+        .await;
+        assert_eq!(
+            replies[1].replies,
+            vec![
+                OpReply::Removed { count: 2 },
+                OpReply::Enqueued {
+                    first_sequence: 3,
+                    count: 1,
+                    duplicate: false
+                }
+            ]
+        );
+        database.sync().await.unwrap();
+        drop(state_machine);
+        database.close();
+    }
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(3, None).unwrap();
+    let (last_applied, _) = state_machine.applied_state().await.unwrap();
+    assert_eq!(last_applied, Some(log_id(2)));
+    let reader = state_machine.reader();
+    let a = reader.producer("default", "a").unwrap().unwrap();
+    assert_eq!((a.tail, a.messages, a.acked), (4, 2, 2));
+    assert_eq!(reader.message("default", "a", 1).unwrap(), None);
+    assert_eq!(
+        reader.message("default", "a", 2).unwrap().unwrap().payload,
+        b"a2"
+    );
+    assert_eq!(
+        reader.oldest_message("default", "a", 0).unwrap().unwrap().0,
+        2
+    );
+    let producers: Vec<_> = reader.producers().map(|p| p.unwrap().producer).collect();
+    assert_eq!(producers, vec!["a", "b"]);
+}
+
+#[tokio::test]
+async fn retried_batch_with_same_producer_sequence_is_not_stored_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(0, None).unwrap();
+    let replies = apply(
+        &mut state_machine,
+        vec![
+            entry(1, vec![enqueue("p", &["x", "y"], Some(7))]),
+            entry(
+                2,
+                vec![
+                    enqueue("p", &["x", "y"], Some(7)),
+                    enqueue("p", &["old"], Some(6)),
+                ],
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        replies[1].replies,
+        vec![
+            OpReply::Enqueued {
+                first_sequence: 0,
+                count: 2,
+                duplicate: true
+            },
+            OpReply::StaleProducerSequence { last: 7 }
+        ]
+    );
+    let record = state_machine
+        .reader()
+        .producer("default", "p")
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.tail, record.messages), (2, 2));
+}
+
+#[tokio::test]
+async fn removing_a_message_twice_counts_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(0, None).unwrap();
+    let replies = apply(
+        &mut state_machine,
+        vec![
+            entry(1, vec![enqueue("p", &["x"], None)]),
+            entry(
+                2,
+                vec![
+                    Op::Remove(vec![removal("p", 0), removal("p", 0)]),
+                    Op::Remove(vec![removal("p", 0)]),
+                ],
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        replies[1].replies,
+        vec![OpReply::Removed { count: 1 }, OpReply::Removed { count: 0 }]
+    );
+    let record = state_machine
+        .reader()
+        .producer("default", "p")
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.messages, record.bytes, record.acked), (0, 0, 1));
+}
+
+#[test]
+fn foreign_directory_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not floret").unwrap();
+    let error = Database::open(dir.path()).err().expect("must refuse");
+    assert!(
+        error.to_string().contains("not a floret data dir"),
+        "{error}"
+    );
+}
+
+#[test]
+fn second_node_on_the_same_data_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Database::open(dir.path()).unwrap();
+    let error = Database::open(dir.path()).err().expect("must refuse");
+    assert!(error.to_string().contains("in use"), "{error}");
+}

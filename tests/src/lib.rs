@@ -1,0 +1,1 @@
+//! Harness for black-box tests: starts real `floret` processes.
