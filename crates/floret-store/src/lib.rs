@@ -12,6 +12,11 @@
 //! - Snapshots are whole-tree images held in memory while built or installed.
 //! - Delivery attempts are not replicated: they live in the leader's scheduler.
 
+#![allow(
+    clippy::result_large_err,
+    reason = "openraft's storage traits return its StorageError; helpers feeding them return it too"
+)]
+
 mod database;
 mod flusher;
 pub mod keys;

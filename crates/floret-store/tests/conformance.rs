@@ -23,6 +23,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, (TempDir, Database)> for S
 }
 
 #[test]
-fn sled_store_passes_openraft_storage_suite() -> Result<(), StorageError> {
-    Suite::test_all(SledStoreBuilder)
+fn sled_store_passes_openraft_storage_suite() {
+    if let Err(error) = Suite::test_all(SledStoreBuilder) {
+        panic!("storage suite failed: {error}");
+    }
 }

@@ -1,0 +1,139 @@
+//! A produce load generator: `count` messages of `size` bytes over
+//! `producers` producers, `batch` per request, `concurrency` requests in
+//! flight; reports throughput and request latency percentiles.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use floret_client::{Client, Message};
+
+/// What to generate.
+pub struct LoadSpec {
+    pub queue: String,
+    pub producer_prefix: String,
+    pub count: u64,
+    pub size: usize,
+    pub producers: usize,
+    pub batch: usize,
+    pub concurrency: usize,
+}
+
+/// What a load run measured.
+pub struct LoadReport {
+    messages: u64,
+    bytes: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    failures: u64,
+}
+
+pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadReport> {
+    let batches = spec.count.div_ceil(spec.batch as u64);
+    let next_batch = Arc::new(AtomicU64::new(0));
+    let payload = vec![b'x'; spec.size];
+    let started = Instant::now();
+    let mut workers = Vec::with_capacity(spec.concurrency);
+    for _ in 0..spec.concurrency {
+        let client = client.clone();
+        let next_batch = next_batch.clone();
+        let payload = payload.clone();
+        let queue = spec.queue.clone();
+        let prefix = spec.producer_prefix.clone();
+        let (count, batch, producers) = (spec.count, spec.batch as u64, spec.producers as u64);
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut sent = 0u64;
+            let mut failures = 0u64;
+            loop {
+                let index = next_batch.fetch_add(1, Ordering::Relaxed);
+                if index >= batches {
+                    break;
+                }
+                let in_batch = batch.min(count - index * batch);
+                let producer = format!("{prefix}-{}", index % producers);
+                let messages = (0..in_batch)
+                    .map(|_| Message {
+                        payload: payload.clone(),
+                        headers: Default::default(),
+                    })
+                    .collect();
+                let sent_at = Instant::now();
+                match client.produce(&queue, &producer, messages).await {
+                    Ok(_) => {
+                        latencies.push(sent_at.elapsed());
+                        sent += in_batch;
+                    }
+                    Err(error) => {
+                        failures += 1;
+                        tracing::warn!(%error, "produce failed");
+                    }
+                }
+            }
+            (latencies, sent, failures)
+        }));
+    }
+    let mut report = LoadReport {
+        messages: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        latencies: Vec::new(),
+        failures: 0,
+    };
+    for worker in workers {
+        let (latencies, sent, failures) = worker.await?;
+        report.latencies.extend(latencies);
+        report.messages += sent;
+        report.failures += failures;
+    }
+    report.elapsed = started.elapsed();
+    report.bytes = report.messages * spec.size as u64;
+    report.latencies.sort();
+    Ok(report)
+}
+
+impl LoadReport {
+    fn percentile(&self, fraction: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let index = ((self.latencies.len() as f64 * fraction).ceil() as usize)
+            .clamp(1, self.latencies.len())
+            - 1;
+        self.latencies[index]
+    }
+
+    pub fn print(&self, json: bool) {
+        let seconds = self.elapsed.as_secs_f64().max(f64::EPSILON);
+        let rate = self.messages as f64 / seconds;
+        let mb_per_second = self.bytes as f64 / seconds / 1e6;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let (p50, p99, p999) = (
+            self.percentile(0.50),
+            self.percentile(0.99),
+            self.percentile(0.999),
+        );
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "messages": self.messages,
+                    "failed_requests": self.failures,
+                    "seconds": seconds,
+                    "messages_per_second": rate,
+                    "megabytes_per_second": mb_per_second,
+                    "latency_ms": {"p50": ms(p50), "p99": ms(p99), "p999": ms(p999)},
+                })
+            );
+        } else {
+            println!(
+                "produced {} messages in {seconds:.2} s: {rate:.0} msg/s, {mb_per_second:.2} MB/s; request latency p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms; {} failed requests",
+                self.messages,
+                ms(p50),
+                ms(p99),
+                ms(p999),
+                self.failures
+            );
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The `floret` binary: run a node (`serve`), and talk to one (`produce`,
+//! `consume`, `status`).
+//!
+//! IMPLEMENTATION CAVEATS
+//! - `dev` (a local multi-node cluster) and `bench` come with the cluster.
+
+mod consume;
+mod load;
+mod produce;
+mod serve;
+mod status;
+
+use clap::{Parser, Subcommand};
+
+/// Default address of a local node.
+const DEFAULT_ADDRESS: &str = "127.0.0.1:7701";
+
+#[derive(Parser)]
+#[command(
+    name = "floret",
+    version,
+    about = "A clustered fair scheduler for multi-tenant message queues"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(serve::ServeArgs),
+    /// Send messages: from arguments, from stdin lines, or a generated load.
+    Produce(produce::ProduceArgs),
+    /// Receive messages, print one JSON line each, and ack them.
+    Consume(consume::ConsumeArgs),
+    /// Show the cluster's shards and the queues' statistics.
+    Status(status::StatusArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let default_log = match cli.command {
+        Command::Serve(_) => "info,openraft=warn,sled=warn",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_log.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Produce(args) => produce::run(args).await,
+            Command::Consume(args) => consume::run(args).await,
+            Command::Status(args) => status::run(args).await,
+        }
+    })
+}

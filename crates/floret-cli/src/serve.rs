@@ -1,0 +1,100 @@
+//! `floret serve`: configuration from defaults, file, environment and flags;
+//! then a node until SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use floret_server::{Config, Node};
+use tokio::net::TcpListener;
+
+/// How long a starting node waits for its shards to elect it.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file (flags and FLORET_* variables override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This node's id (> 0).
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// gRPC listen address; port 0 picks a free one.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Data directory.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Number of shards (fixed when the data dir is created).
+    #[arg(long)]
+    shards: Option<u32>,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Lease timeout of a delivery before it is redelivered, in ms.
+    #[arg(long)]
+    lease_timeout_ms: Option<u64>,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = Config::load(args.config.as_deref(), |name| std::env::var(name).ok())?;
+    if let Some(node_id) = args.node_id {
+        config.node_id = node_id;
+    }
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(data_dir) = args.data_dir {
+        config.data_dir = data_dir;
+    }
+    if let Some(shards) = args.shards {
+        config.shards = shards;
+    }
+    if let Some(metrics_listen) = args.metrics_listen {
+        config.metrics_listen = Some(metrics_listen);
+    }
+    if let Some(lease_timeout_ms) = args.lease_timeout_ms {
+        config.delivery.lease_timeout_ms = lease_timeout_ms;
+    }
+    config.validate()?;
+    if let Some(metrics_listen) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(metrics_listen)
+            .install()
+            .with_context(|| format!("cannot serve metrics on {metrics_listen}"))?;
+    }
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let node_id = config.node_id;
+    let node = Node::start(config, listener).await?;
+    node.wait_ready(READY_TIMEOUT).await?;
+    println!("floret node {node_id} serving on {}", node.address());
+    node.serve_until(shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the node");
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

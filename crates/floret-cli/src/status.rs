@@ -1,0 +1,108 @@
+//! `floret status`: shards with their leaders and indexes, then per-queue
+//! and per-producer statistics; a table, or `--json`.
+
+use floret_client::Client;
+
+use crate::DEFAULT_ADDRESS;
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// Node to ask.
+    #[arg(long, default_value = DEFAULT_ADDRESS)]
+    addr: String,
+    /// Only this queue's statistics.
+    #[arg(long, default_value = "")]
+    queue: String,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Producers listed per queue in the table (the busiest first).
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let client = Client::connect_lazy(&args.addr)?;
+    let cluster = client.cluster_status().await?;
+    let stats = client.queue_stats(&args.queue).await?;
+    if args.json {
+        let json = serde_json::json!({
+            "node_id": cluster.node_id,
+            "nodes": cluster.nodes.iter().map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address})).collect::<Vec<_>>(),
+            "shards": cluster.shards.iter().map(|s| serde_json::json!({
+                "shard_id": s.shard_id, "leader_id": s.leader_id, "term": s.term,
+                "applied_index": s.applied_index, "last_log_index": s.last_log_index, "voters": s.voters,
+            })).collect::<Vec<_>>(),
+            "queues": stats.queues.iter().map(|q| serde_json::json!({
+                "queue": q.queue, "backlog_messages": q.backlog_messages, "backlog_bytes": q.backlog_bytes,
+                "in_flight": q.in_flight, "delivered": q.delivered, "acked": q.acked, "redelivered": q.redelivered,
+                "consumers": q.consumers, "oldest_message_age_ms": q.oldest_message_age_ms,
+                "producers": q.producers.iter().map(|p| serde_json::json!({
+                    "producer_id": p.producer_id, "backlog_messages": p.backlog_messages, "backlog_bytes": p.backlog_bytes,
+                    "in_flight": p.in_flight, "delivered": p.delivered, "acked": p.acked,
+                    "oldest_message_age_ms": p.oldest_message_age_ms,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    println!("node {} ({} nodes)", cluster.node_id, cluster.nodes.len());
+    for node in &cluster.nodes {
+        println!("  node {:>3}  {}", node.node_id, node.address);
+    }
+    println!(
+        "\n{:>5}  {:>6}  {:>5}  {:>12}  {:>12}",
+        "shard", "leader", "term", "applied", "last log"
+    );
+    for shard in &cluster.shards {
+        let leader = if shard.leader_id == 0 {
+            "-".to_owned()
+        } else {
+            shard.leader_id.to_string()
+        };
+        println!(
+            "{:>5}  {:>6}  {:>5}  {:>12}  {:>12}",
+            shard.shard_id, leader, shard.term, shard.applied_index, shard.last_log_index
+        );
+    }
+    for queue in &stats.queues {
+        println!(
+            "\nqueue {}: backlog {} msgs / {} B, in flight {}, delivered {}, acked {}, redelivered {}, consumers {}, oldest {} ms",
+            queue.queue,
+            queue.backlog_messages,
+            queue.backlog_bytes,
+            queue.in_flight,
+            queue.delivered,
+            queue.acked,
+            queue.redelivered,
+            queue.consumers,
+            queue.oldest_message_age_ms
+        );
+        let mut producers: Vec<_> = queue.producers.iter().collect();
+        producers.sort_by(|a, b| {
+            b.backlog_messages
+                .cmp(&a.backlog_messages)
+                .then(a.producer_id.cmp(&b.producer_id))
+        });
+        println!(
+            "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}",
+            "producer", "backlog", "bytes", "in flight", "acked", "oldest ms"
+        );
+        for producer in producers.iter().take(args.top) {
+            println!(
+                "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}",
+                producer.producer_id,
+                producer.backlog_messages,
+                producer.backlog_bytes,
+                producer.in_flight,
+                producer.acked,
+                producer.oldest_message_age_ms
+            );
+        }
+        if producers.len() > args.top {
+            println!("  ... {} more producers", producers.len() - args.top);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! Rust client for floret.
+//!
+//! [`Client::produce`] sends one batch; [`Producer`] adds an increasing
+//! idempotency sequence to every batch so it can retry UNAVAILABLE answers
+//! (no leader, shutting down) with back-off and never store a batch twice.
+//! [`Client::consume`] opens a [`Consumer`] stream with credits and acks.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - One node address; no routing to shard leaders yet (the cluster will forward).
+
+mod consumer;
+mod retry;
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use floret_proto::v1;
+use tonic::transport::{Channel, Endpoint};
+
+pub use consumer::{Consumer, ConsumerEvent};
+pub use floret_proto::v1::{
+    AckResponse, ClusterStatusResponse, Delivery, Message, ProduceResponse, QueueStatsResponse,
+    SettleOutcome,
+};
+pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable};
+
+/// Largest response the client accepts: a delivery of a 1 MiB payload plus headers fits easily.
+const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// What can go wrong talking to floret.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address is not a valid endpoint.
+    #[error("invalid address {address:?}: {reason}")]
+    InvalidAddress {
+        /// What was given.
+        address: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The server answered with an error status.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    /// The consume stream is closed.
+    #[error("the consume stream is closed")]
+    StreamClosed,
+}
+
+/// A connection to one floret node.
+#[derive(Clone)]
+pub struct Client {
+    floret: v1::floret_client::FloretClient<Channel>,
+    admin: v1::admin_client::AdminClient<Channel>,
+    retry: RetryPolicy,
+}
+
+impl Client {
+    /// A lazily connecting client for `address` (`host:port` or `http://host:port`).
+    pub fn connect_lazy(address: &str) -> Result<Self, ClientError> {
+        let uri = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let endpoint = Endpoint::from_shared(uri).map_err(|e| ClientError::InvalidAddress {
+            address: address.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let channel = endpoint.connect_lazy();
+        Ok(Self {
+            floret: v1::floret_client::FloretClient::new(channel.clone())
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            admin: v1::admin_client::AdminClient::new(channel),
+            retry: RetryPolicy::default(),
+        })
+    }
+
+    /// Replaces the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sends one batch once; not retried, since without an idempotency
+    /// sequence a retry after a lost answer could store it twice.
+    pub async fn produce(
+        &self,
+        queue: &str,
+        producer_id: &str,
+        messages: Vec<Message>,
+    ) -> Result<ProduceResponse, ClientError> {
+        let request = v1::ProduceRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+            messages,
+            producer_sequence: None,
+        };
+        Ok(self.floret.clone().produce(request).await?.into_inner())
+    }
+
+    /// Sends one batch with the producer's idempotency sequence, retrying
+    /// UNAVAILABLE answers with back-off until the policy gives up.
+    pub async fn produce_idempotent(
+        &self,
+        queue: &str,
+        producer_id: &str,
+        messages: Vec<Message>,
+        producer_sequence: u64,
+    ) -> Result<ProduceResponse, ClientError> {
+        let request = v1::ProduceRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+            messages,
+            producer_sequence: Some(producer_sequence),
+        };
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            match self.floret.clone().produce(request.clone()).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status)
+                    if is_retryable(&status) && started.elapsed() < self.retry.give_up_after =>
+                {
+                    let wait = self.retry.backoff(attempt, &status);
+                    tracing::debug!(%status, ?wait, "produce unavailable; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
+    }
+
+    /// A producer that numbers its batches for idempotent retries.
+    pub fn producer(&self, queue: &str, producer_id: &str) -> Producer {
+        Producer {
+            client: self.clone(),
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+            next_sequence: now_micros(),
+        }
+    }
+
+    /// Opens a consume stream on `queue` with `credits` first credits.
+    pub async fn consume(&self, queue: &str, credits: u32) -> Result<Consumer, ClientError> {
+        Consumer::open(&mut self.floret.clone(), queue, credits).await
+    }
+
+    /// Acks deliveries outside a consume stream.
+    pub async fn ack(&self, delivery_ids: Vec<String>) -> Result<AckResponse, ClientError> {
+        Ok(self
+            .floret
+            .clone()
+            .ack(v1::AckRequest { delivery_ids })
+            .await?
+            .into_inner())
+    }
+
+    /// Nodes, shards and leaders.
+    pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .cluster_status(v1::ClusterStatusRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// Per-queue and per-producer statistics (`queue` empty = all queues).
+    pub async fn queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
+        let request = v1::QueueStatsRequest {
+            queue: queue.to_owned(),
+        };
+        Ok(self.admin.clone().queue_stats(request).await?.into_inner())
+    }
+}
+
+/// One producer of one queue, numbering its batches so retries are safe.
+pub struct Producer {
+    client: Client,
+    queue: String,
+    producer_id: String,
+    next_sequence: u64,
+}
+
+impl Producer {
+    /// Sends a batch, retrying UNAVAILABLE with the same sequence.
+    pub async fn send(&mut self, messages: Vec<Message>) -> Result<ProduceResponse, ClientError> {
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.client
+            .produce_idempotent(&self.queue, &self.producer_id, messages, sequence)
+            .await
+    }
+}
+
+/// Starting point for a producer's sequences: increasing across restarts of
+/// the client process as long as the clock does not go back.
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(1)
+}

@@ -1,0 +1,83 @@
+//! Back-off for retrying calls the server answered UNAVAILABLE, honouring
+//! the server's `floret-retry-after-ms` hint, with jitter so that many
+//! clients do not retry in lock step.
+
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
+
+/// Metadata key with the server's suggested wait, in ms.
+pub const RETRY_AFTER_MS: &str = "floret-retry-after-ms";
+
+/// How a client retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First wait.
+    pub initial_backoff: Duration,
+    /// Longest single wait.
+    pub max_backoff: Duration,
+    /// Give up after retrying this long in total.
+    pub give_up_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            give_up_after: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Wait before retry number `attempt` (0-based) after `status`: the
+    /// server's hint if it gave one, else exponential back-off; plus up to 50% jitter.
+    pub fn backoff(&self, attempt: u32, status: &tonic::Status) -> Duration {
+        let hinted = status
+            .metadata()
+            .get(RETRY_AFTER_MS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        let exponential = self.initial_backoff.saturating_mul(1 << attempt.min(16));
+        let base = hinted.unwrap_or(exponential).min(self.max_backoff);
+        base + base.mul_f64(jitter_fraction() * 0.5)
+    }
+}
+
+/// A random fraction in [0, 1) without a random-number dependency: std's
+/// `RandomState` is seeded randomly per instance.
+fn jitter_fraction() -> f64 {
+    (RandomState::new().hash_one(0u8) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Whether a failed call may be retried: the server said it did nothing, or
+/// the call carries an idempotency sequence that makes a repeat harmless.
+pub fn is_retryable(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_hint_replaces_exponential_backoff() {
+        let policy = RetryPolicy::default();
+        let mut status = tonic::Status::unavailable("no leader");
+        status.metadata_mut().insert(RETRY_AFTER_MS, 300u64.into());
+        let wait = policy.backoff(5, &status);
+        assert!(
+            wait >= Duration::from_millis(300) && wait < Duration::from_millis(451),
+            "{wait:?}"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_then_caps() {
+        let policy = RetryPolicy::default();
+        let status = tonic::Status::unavailable("down");
+        assert!(policy.backoff(0, &status) < Duration::from_millis(76));
+        assert!(policy.backoff(30, &status) <= Duration::from_secs(3));
+    }
+}

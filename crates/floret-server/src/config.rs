@@ -1,0 +1,380 @@
+//! A node's configuration: defaults, then a TOML file, then `FLORET_*`
+//! environment variables, then command-line flags (applied by the CLI), then
+//! [`Config::validate`].
+//!
+//! IMPLEMENTATION CAVEATS
+//! - No peers yet: every node is a one-node cluster.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floret_cluster::RaftTuning;
+use serde::Deserialize;
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node's id in every raft group (> 0).
+    pub node_id: u64,
+    /// gRPC listen address; port 0 picks a free port (the chosen one is logged and printed).
+    pub listen: SocketAddr,
+    /// Where the node keeps its sled database and snapshots.
+    pub data_dir: PathBuf,
+    /// Number of shards (raft groups); fixed for the life of the data dir.
+    pub shards: u32,
+    /// Prometheus metrics listen address; none when absent.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Request limits.
+    pub limits: Limits,
+    /// Delivery tunables.
+    pub delivery: DeliveryConfig,
+    /// Folding of produces and acks into raft entries.
+    pub batching: BatchingConfig,
+    /// Raft timing.
+    pub raft: RaftConfig,
+}
+
+/// What one request may carry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest payload of one message, in bytes (1 MiB).
+    pub max_payload_bytes: usize,
+    /// Most messages in one produce request.
+    pub max_batch_messages: usize,
+    /// Largest total of one message's header keys and values, in bytes.
+    pub max_header_bytes: usize,
+    /// Largest encoded gRPC request, in bytes; above it tonic answers RESOURCE_EXHAUSTED.
+    pub max_request_bytes: usize,
+    /// Most credits a consumer may hold at once, so one consumer cannot pin the whole backlog.
+    pub max_credits: u32,
+}
+
+/// How deliveries are leased.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// How long a delivery stays leased without an ack before it is redelivered, in ms.
+    pub lease_timeout_ms: u64,
+}
+
+/// How the leader folds concurrent operations into one raft entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Most operations (produce batches, ack batches) in one entry.
+    pub max_entry_ops: usize,
+    /// Payload bytes after which an entry is closed (one larger op still goes alone).
+    pub max_entry_bytes: usize,
+    /// Entries a shard may have proposed and not yet committed; while they are
+    /// in flight the next entry fills up.
+    pub proposals_in_flight: usize,
+}
+
+/// Raft timing, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Leader heartbeat.
+    pub heartbeat_ms: u64,
+    /// Election timeout lower bound.
+    pub election_timeout_min_ms: u64,
+    /// Election timeout upper bound.
+    pub election_timeout_max_ms: u64,
+    /// Entries between two snapshots of a shard.
+    pub snapshot_every_entries: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            data_dir: PathBuf::from("floret-data"),
+            shards: 16,
+            metrics_listen: None,
+            limits: Limits::default(),
+            delivery: DeliveryConfig::default(),
+            batching: BatchingConfig::default(),
+            raft: RaftConfig::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 1024 * 1024,
+            max_batch_messages: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_request_bytes: 16 * 1024 * 1024,
+            max_credits: 100_000,
+        }
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            lease_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        Self {
+            max_entry_ops: 1_024,
+            max_entry_bytes: 1024 * 1024,
+            proposals_in_flight: 2,
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        let tuning = RaftTuning::default();
+        Self {
+            heartbeat_ms: tuning.heartbeat.as_millis() as u64,
+            election_timeout_min_ms: tuning.election_timeout_min.as_millis() as u64,
+            election_timeout_max_ms: tuning.election_timeout_max.as_millis() as u64,
+            snapshot_every_entries: tuning.snapshot_every_entries,
+        }
+    }
+}
+
+/// A configuration that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML file is not valid.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        message: String,
+    },
+    /// An environment variable does not parse.
+    #[error("environment variable {name}={value} is not valid: {message}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it does not parse.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Defaults, overlaid by `file` (if given), then by `FLORET_*` variables from `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Config::default(),
+        };
+        config.apply_env(env)?;
+        Ok(config)
+    }
+
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        fn parse<T: std::str::FromStr>(
+            env: &impl Fn(&str) -> Option<String>,
+            name: &'static str,
+        ) -> Result<Option<T>, ConfigError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            env(name)
+                .map(|value| {
+                    value.parse().map_err(|e: T::Err| ConfigError::Env {
+                        name,
+                        value: value.clone(),
+                        message: e.to_string(),
+                    })
+                })
+                .transpose()
+        }
+        if let Some(node_id) = parse(&env, "FLORET_NODE_ID")? {
+            self.node_id = node_id;
+        }
+        if let Some(listen) = parse(&env, "FLORET_LISTEN")? {
+            self.listen = listen;
+        }
+        if let Some(data_dir) = parse::<PathBuf>(&env, "FLORET_DATA_DIR")? {
+            self.data_dir = data_dir;
+        }
+        if let Some(shards) = parse(&env, "FLORET_SHARDS")? {
+            self.shards = shards;
+        }
+        if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
+            self.metrics_listen = Some(metrics_listen);
+        }
+        if let Some(lease_timeout_ms) = parse(&env, "FLORET_LEASE_TIMEOUT_MS")? {
+            self.delivery.lease_timeout_ms = lease_timeout_ms;
+        }
+        Ok(())
+    }
+
+    /// Checks every value, naming the first that is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.node_id == 0 {
+            return invalid("node_id must be > 0".into());
+        }
+        if self.shards == 0 || self.shards > 1024 {
+            return invalid(format!("shards must be in 1..=1024, not {}", self.shards));
+        }
+        if self.limits.max_payload_bytes == 0
+            || self.limits.max_payload_bytes >= self.limits.max_request_bytes
+        {
+            return invalid(
+                "limits.max_payload_bytes must be > 0 and below limits.max_request_bytes".into(),
+            );
+        }
+        if self.limits.max_batch_messages == 0 || self.limits.max_credits == 0 {
+            return invalid("limits.max_batch_messages and limits.max_credits must be > 0".into());
+        }
+        if self.delivery.lease_timeout_ms == 0 || self.delivery.lease_timeout_ms > 24 * 3600 * 1000
+        {
+            return invalid("delivery.lease_timeout_ms must be in 1..=86400000".into());
+        }
+        if self.batching.max_entry_ops == 0 || self.batching.proposals_in_flight == 0 {
+            return invalid(
+                "batching.max_entry_ops and batching.proposals_in_flight must be > 0".into(),
+            );
+        }
+        let raft = &self.raft;
+        if raft.heartbeat_ms == 0 || raft.election_timeout_min_ms <= raft.heartbeat_ms {
+            return invalid(format!(
+                "raft.election_timeout_min_ms ({}) must be above raft.heartbeat_ms ({})",
+                raft.election_timeout_min_ms, raft.heartbeat_ms
+            ));
+        }
+        if raft.election_timeout_max_ms <= raft.election_timeout_min_ms {
+            return invalid(
+                "raft.election_timeout_max_ms must be above raft.election_timeout_min_ms".into(),
+            );
+        }
+        if raft.snapshot_every_entries == 0 {
+            return invalid("raft.snapshot_every_entries must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// The raft tuning of every shard.
+    pub fn raft_tuning(&self) -> RaftTuning {
+        RaftTuning {
+            heartbeat: Duration::from_millis(self.raft.heartbeat_ms),
+            election_timeout_min: Duration::from_millis(self.raft.election_timeout_min_ms),
+            election_timeout_max: Duration::from_millis(self.raft.election_timeout_max_ms),
+            snapshot_every_entries: self.raft.snapshot_every_entries,
+        }
+    }
+
+    /// How long a delivery is leased.
+    pub fn lease_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery.lease_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::load(None, no_env).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn file_then_environment_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("floret.toml");
+        std::fs::write(
+            &path,
+            "node_id = 3\nshards = 4\n[delivery]\nlease_timeout_ms = 500\n",
+        )
+        .unwrap();
+        let config = Config::load(Some(&path), |name| {
+            (name == "FLORET_SHARDS").then(|| "8".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                config.node_id,
+                config.shards,
+                config.delivery.lease_timeout_ms
+            ),
+            (3, 8, 500)
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("floret.toml");
+        std::fs::write(&path, "shard = 4\n").unwrap();
+        let error = Config::load(Some(&path), no_env).unwrap_err();
+        assert!(error.to_string().contains("unknown field"), "{error}");
+    }
+
+    #[test]
+    fn unparsable_environment_value_names_the_variable() {
+        let error = Config::load(None, |name| {
+            (name == "FLORET_NODE_ID").then(|| "two".to_owned())
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("FLORET_NODE_ID=two"), "{error}");
+    }
+
+    #[test]
+    fn election_timeout_below_heartbeat_is_refused() {
+        let mut config = Config::default();
+        config.raft.election_timeout_min_ms = config.raft.heartbeat_ms;
+        let error = config.validate().unwrap_err();
+        assert!(
+            error.to_string().contains("election_timeout_min_ms"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn zero_shards_is_refused() {
+        let config = Config {
+            shards: 0,
+            ..Config::default()
+        };
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,516 @@
+//! The dispatcher task: applies commands to the queues and pumps deliveries
+//! to consumers with credit.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use floret_sched::{SchedulerConfig, SettleError};
+use floret_store::{AppliedEvent, MessageRef, ShardId, ShardReader};
+use tokio::sync::mpsc;
+use tonic::Code;
+
+use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
+use super::{
+    ConsumerEvent, ConsumerId, Delivered, DispatcherCommand, DispatcherHandle, QueueActivity,
+    SettleKind, SettleOutcome,
+};
+use crate::delivery_id::DeliveryId;
+
+/// Commands handled in one go before the loop checks its lease timer again.
+const COMMANDS_PER_TURN: usize = 256;
+
+struct Consumer {
+    queue: Arc<str>,
+    credits: u64,
+    events: mpsc::UnboundedSender<ConsumerEvent>,
+    held: HashSet<LeaseKey>,
+}
+
+struct Dispatcher {
+    readers: Vec<ShardReader>,
+    led: Vec<bool>,
+    queues: HashMap<Arc<str>, QueueDispatch>,
+    consumers: HashMap<ConsumerId, Consumer>,
+    next_consumer: ConsumerId,
+    scheduler_config: SchedulerConfig,
+    max_credits: u64,
+}
+
+/// Commands waiting for the dispatcher task, before it is spawned.
+pub(crate) struct DispatcherInbox(mpsc::UnboundedReceiver<DispatcherCommand>);
+
+/// The dispatcher's handle and inbox: the handle works (commands queue up)
+/// before the task exists, so state machines can report from their first apply.
+pub(crate) fn channel() -> (DispatcherHandle, DispatcherInbox) {
+    let (commands, receiver) = mpsc::unbounded_channel();
+    (DispatcherHandle { commands }, DispatcherInbox(receiver))
+}
+
+/// Starts the dispatcher task over `shards` (indexed by shard id).
+pub(crate) fn spawn(
+    inbox: DispatcherInbox,
+    readers: Vec<ShardReader>,
+    scheduler_config: SchedulerConfig,
+    max_credits: u32,
+) {
+    let dispatcher = Dispatcher {
+        led: vec![false; readers.len()],
+        readers,
+        queues: HashMap::new(),
+        consumers: HashMap::new(),
+        next_consumer: 1,
+        scheduler_config,
+        max_credits: u64::from(max_credits),
+    };
+    tokio::spawn(dispatcher.run(inbox.0));
+}
+
+impl Dispatcher {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<DispatcherCommand>) {
+        loop {
+            let deadline = self.next_deadline();
+            tokio::select! {
+                command = commands.recv() => {
+                    let Some(command) = command else { break };
+                    self.handle(command);
+                    for _ in 1..COMMANDS_PER_TURN {
+                        match commands.try_recv() {
+                            Ok(command) => self.handle(command),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                () = sleep_until(deadline), if deadline.is_some() => self.expire_leases(),
+            }
+        }
+        tracing::debug!("dispatcher stopped");
+    }
+
+    fn handle(&mut self, command: DispatcherCommand) {
+        match command {
+            DispatcherCommand::Applied(AppliedEvent::Enqueued {
+                shard,
+                queue,
+                producer,
+                sequences,
+            }) => {
+                if self.led[shard as usize] {
+                    let queue: Arc<str> = queue.into();
+                    let key = ProducerKey {
+                        shard,
+                        producer: producer.into(),
+                    };
+                    self.queue(&queue).scheduler.enqueued(&key, sequences);
+                    self.pump(&queue);
+                }
+            }
+            DispatcherCommand::Applied(AppliedEvent::Reset { shard }) => {
+                if self.led[shard as usize] {
+                    tracing::warn!(
+                        shard,
+                        "state replaced by a snapshot while leading; rebuilding its queues"
+                    );
+                    self.forget_shard(shard);
+                    self.rebuild_shard(shard);
+                }
+            }
+            DispatcherCommand::Leadership { shard, leader } => {
+                if self.led[shard as usize] != leader {
+                    self.led[shard as usize] = leader;
+                    if leader {
+                        self.rebuild_shard(shard);
+                    } else {
+                        self.forget_shard(shard);
+                    }
+                }
+            }
+            DispatcherCommand::Subscribe {
+                queue,
+                credits,
+                events,
+                reply,
+            } => {
+                let id = self.next_consumer;
+                self.next_consumer += 1;
+                let queue: Arc<str> = queue.into();
+                self.consumers.insert(
+                    id,
+                    Consumer {
+                        queue: queue.clone(),
+                        credits: u64::from(credits).min(self.max_credits),
+                        events,
+                        held: HashSet::new(),
+                    },
+                );
+                self.queue(&queue).consumers.push_back(id);
+                let _caller_gone = reply.send(id);
+                self.pump(&queue);
+            }
+            DispatcherCommand::Credit { consumer, credits } => {
+                if let Some(state) = self.consumers.get_mut(&consumer) {
+                    state.credits = (state.credits + u64::from(credits)).min(self.max_credits);
+                    let queue = state.queue.clone();
+                    self.pump(&queue);
+                }
+            }
+            DispatcherCommand::Settle { kind, ids, reply } => {
+                let outcomes = ids.into_iter().map(|id| self.settle(kind, id)).collect();
+                let _caller_gone = reply.send(outcomes);
+            }
+            DispatcherCommand::ConsumerGone { consumer } => self.remove_consumer(consumer),
+            DispatcherCommand::Activity { reply } => {
+                let _caller_gone = reply.send(self.activity());
+            }
+        }
+    }
+
+    fn queue(&mut self, queue: &Arc<str>) -> &mut QueueDispatch {
+        let config = self.scheduler_config.clone();
+        self.queues
+            .entry(queue.clone())
+            .or_insert_with(|| QueueDispatch::new(config))
+    }
+
+    /// Delivers to consumers with credit while the queue has ready messages.
+    fn pump(&mut self, queue_name: &Arc<str>) {
+        let Some(queue) = self.queues.get_mut(queue_name) else {
+            return;
+        };
+        let now = Instant::now();
+        loop {
+            let consumers = &self.consumers;
+            let Some(consumer_id) =
+                queue.consumer_with_credit(|id| consumers.get(&id).is_some_and(|c| c.credits > 0))
+            else {
+                break;
+            };
+            let Some(dispatch) = queue.scheduler.next(now) else {
+                break;
+            };
+            let key = dispatch.producer;
+            let reader = &self.readers[key.shard as usize];
+            let message = match reader.message(queue_name, &key.producer, dispatch.sequence) {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    let _already_settled =
+                        queue
+                            .scheduler
+                            .ack(&key, dispatch.sequence, dispatch.attempt);
+                    continue;
+                }
+                Err(error) => {
+                    tracing::error!(shard = key.shard, %error, "cannot read a message to dispatch");
+                    let _ = queue
+                        .scheduler
+                        .nack(&key, dispatch.sequence, dispatch.attempt);
+                    break;
+                }
+            };
+            let id = DeliveryId {
+                shard: key.shard,
+                queue: queue_name.to_string(),
+                producer: key.producer.to_string(),
+                sequence: dispatch.sequence,
+                attempt: dispatch.attempt,
+            };
+            let lease = LeaseKey {
+                producer: key.clone(),
+                sequence: dispatch.sequence,
+                attempt: dispatch.attempt,
+            };
+            let consumer = self
+                .consumers
+                .get_mut(&consumer_id)
+                .expect("chosen among live consumers");
+            if consumer
+                .events
+                .send(ConsumerEvent::Delivery(Box::new(Delivered { id, message })))
+                .is_err()
+            {
+                let _ = queue
+                    .scheduler
+                    .nack(&key, dispatch.sequence, dispatch.attempt);
+                queue.consumers.pop_front();
+                continue;
+            }
+            consumer.credits -= 1;
+            consumer.held.insert(lease.clone());
+            queue.holders.insert(lease, consumer_id);
+            queue.delivered += 1;
+            if dispatch.attempt > 1 {
+                queue.redelivered += 1;
+            }
+            queue.consumers.rotate_left(1);
+            metrics::counter!("floret_deliveries_total").increment(1);
+        }
+    }
+
+    fn settle(&mut self, kind: SettleKind, id: Result<DeliveryId, String>) -> SettleOutcome {
+        let id = match id {
+            Ok(id) => id,
+            Err(text) => {
+                return outcome(
+                    text.clone(),
+                    Code::InvalidArgument,
+                    format!("malformed delivery id {text:?}"),
+                );
+            }
+        };
+        let text = id.to_string();
+        let shard = id.shard as usize;
+        if shard >= self.readers.len() {
+            return outcome(text, Code::NotFound, format!("no shard {}", id.shard));
+        }
+        if !self.led[shard] {
+            return outcome(
+                text,
+                Code::FailedPrecondition,
+                format!(
+                    "this node no longer leads shard {}: the lease was lost",
+                    id.shard
+                ),
+            );
+        }
+        let key = ProducerKey {
+            shard: id.shard,
+            producer: id.producer.as_str().into(),
+        };
+        let lease = LeaseKey {
+            producer: key.clone(),
+            sequence: id.sequence,
+            attempt: id.attempt,
+        };
+        let queue_name: Arc<str> = id.queue.as_str().into();
+        let settled = match self.queues.get_mut(&queue_name) {
+            Some(queue) => match kind {
+                SettleKind::Ack => queue.scheduler.ack(&key, id.sequence, id.attempt),
+                SettleKind::Nack => queue.scheduler.nack(&key, id.sequence, id.attempt),
+            },
+            None => Err(SettleError::NotLeased),
+        };
+        match settled {
+            Ok(()) => {
+                let queue = self
+                    .queues
+                    .get_mut(&queue_name)
+                    .expect("settled in this queue");
+                if let Some(holder) = queue.holders.remove(&lease)
+                    && let Some(consumer) = self.consumers.get_mut(&holder)
+                {
+                    consumer.held.remove(&lease);
+                }
+                match kind {
+                    SettleKind::Ack => {
+                        queue.acked += 1;
+                        let removal = MessageRef {
+                            queue: id.queue,
+                            producer: id.producer,
+                            sequence: id.sequence,
+                        };
+                        SettleOutcome {
+                            delivery_id: text,
+                            code: Code::Ok,
+                            message: String::new(),
+                            removal: Some(removal),
+                        }
+                    }
+                    SettleKind::Nack => {
+                        self.pump(&queue_name);
+                        outcome(text, Code::Ok, String::new())
+                    }
+                }
+            }
+            Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
+        }
+    }
+
+    /// Tells apart a message that never existed, one already acked and a lease that lapsed.
+    fn explain_not_leased(&self, kind: SettleKind, id: &DeliveryId, text: String) -> SettleOutcome {
+        let reader = &self.readers[id.shard as usize];
+        let record = match reader.producer(&id.queue, &id.producer) {
+            Ok(record) => record,
+            Err(error) => {
+                return outcome(
+                    text,
+                    Code::Unavailable,
+                    format!("cannot read the shard: {error}"),
+                );
+            }
+        };
+        let Some(record) = record.filter(|r| id.sequence < r.tail) else {
+            return outcome(
+                text,
+                Code::NotFound,
+                "no such delivery: that message does not exist".into(),
+            );
+        };
+        match (reader.message(&id.queue, &id.producer, id.sequence), kind) {
+            (Ok(None), SettleKind::Ack) => outcome(text, Code::Ok, "already acked".into()),
+            (Ok(None), SettleKind::Nack) => {
+                outcome(text, Code::FailedPrecondition, "already acked".into())
+            }
+            (Ok(Some(_)), _) => {
+                let _ = record;
+                outcome(
+                    text,
+                    Code::FailedPrecondition,
+                    format!(
+                        "attempt {} of this message is not leased: its lease expired or it was settled",
+                        id.attempt
+                    ),
+                )
+            }
+            (Err(error), _) => outcome(
+                text,
+                Code::Unavailable,
+                format!("cannot read the shard: {error}"),
+            ),
+        }
+    }
+
+    fn remove_consumer(&mut self, consumer_id: ConsumerId) {
+        let Some(consumer) = self.consumers.remove(&consumer_id) else {
+            return;
+        };
+        let Some(queue) = self.queues.get_mut(&consumer.queue) else {
+            return;
+        };
+        queue.consumers.retain(|&id| id != consumer_id);
+        for lease in consumer.held {
+            queue.holders.remove(&lease);
+            let _expired_already =
+                queue
+                    .scheduler
+                    .nack(&lease.producer, lease.sequence, lease.attempt);
+        }
+        self.pump(&consumer.queue);
+    }
+
+    /// Loads every producer with stored messages of a shard this node now leads.
+    fn rebuild_shard(&mut self, shard: ShardId) {
+        let reader = self.readers[shard as usize].clone();
+        let mut touched = HashSet::new();
+        for entry in reader.producers() {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(error) => {
+                    tracing::error!(shard, %error, "cannot read producers to rebuild the dispatcher");
+                    return;
+                }
+            };
+            if entry.record.messages == 0 {
+                continue;
+            }
+            let first =
+                match reader.oldest_message(&entry.queue, &entry.producer, entry.record.head) {
+                    Ok(Some((sequence, _))) => sequence,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::error!(shard, %error, "cannot read a producer's oldest message");
+                        continue;
+                    }
+                };
+            let queue: Arc<str> = entry.queue.into();
+            let key = ProducerKey {
+                shard,
+                producer: entry.producer.into(),
+            };
+            self.queue(&queue)
+                .scheduler
+                .enqueued(&key, first..entry.record.tail);
+            touched.insert(queue);
+        }
+        tracing::info!(
+            shard,
+            queues = touched.len(),
+            "leading shard; dispatcher rebuilt from its state"
+        );
+        for queue in touched {
+            self.pump(&queue);
+        }
+    }
+
+    /// Drops everything of a shard this node no longer leads.
+    fn forget_shard(&mut self, shard: ShardId) {
+        let reader = self.readers[shard as usize].clone();
+        for entry in reader.producers().flatten() {
+            let key = ProducerKey {
+                shard,
+                producer: entry.producer.into(),
+            };
+            if let Some(queue) = self.queues.get_mut(entry.queue.as_str()) {
+                queue.scheduler.forget(&key);
+            }
+        }
+        for queue in self.queues.values_mut() {
+            queue
+                .holders
+                .retain(|lease, _| lease.producer.shard != shard);
+        }
+        for consumer in self.consumers.values_mut() {
+            consumer.held.retain(|lease| lease.producer.shard != shard);
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.queues
+            .values()
+            .filter_map(|q| q.scheduler.next_deadline())
+            .min()
+    }
+
+    fn expire_leases(&mut self) {
+        let now = Instant::now();
+        let mut expired_queues = Vec::new();
+        for (name, queue) in &mut self.queues {
+            let expired = queue.scheduler.expire(now);
+            if expired > 0 {
+                metrics::counter!("floret_lease_expiries_total").increment(expired as u64);
+                expired_queues.push(name.clone());
+            }
+        }
+        for queue in expired_queues {
+            self.pump(&queue);
+        }
+    }
+
+    fn activity(&self) -> HashMap<String, QueueActivity> {
+        self.queues
+            .iter()
+            .map(|(name, queue)| {
+                let mut in_flight_by_producer: HashMap<String, u64> = HashMap::new();
+                for lease in queue.holders.keys() {
+                    *in_flight_by_producer
+                        .entry(lease.producer.producer.to_string())
+                        .or_default() += 1;
+                }
+                let activity = QueueActivity {
+                    in_flight: queue.scheduler.in_flight(),
+                    delivered: queue.delivered,
+                    acked: queue.acked,
+                    redelivered: queue.redelivered,
+                    in_flight_by_producer,
+                    consumers: queue.consumers.len() as u64,
+                };
+                (name.to_string(), activity)
+            })
+            .collect()
+    }
+}
+
+fn outcome(delivery_id: String, code: Code, message: String) -> SettleOutcome {
+    SettleOutcome {
+        delivery_id,
+        code,
+        message,
+        removal: None,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,196 @@
+//! The node's dispatcher: per queue, a deficit-round-robin scheduler over
+//! the backlogged producers of the shards this node leads, and the consumers
+//! subscribed to that queue with their credits.
+//!
+//! One task owns all of it and is driven by [`DispatcherHandle`] commands:
+//! applied events from the state machines (new messages), leadership
+//! changes, subscriptions, credits, acks and nacks, and its own lease timer.
+//! Payloads are read from the shard's state machine at dispatch; memory holds
+//! counters per backlogged producer and one lease per message in flight.
+//! An ack here only drops the lease; [`crate::settle`] then removes the
+//! message through raft.
+//!
+//! Ordering matters: state-machine events and consumer commands share one
+//! channel, so an event applied before a rebuild is handled before any ack of
+//! a message the rebuild delivered.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Leases live in memory: after a restart every unacked message is
+//!   delivered again (attempt numbering starts over).
+//! - A lease that expired stays in its consumer's held set until that
+//!   consumer acks it or disconnects (bounded by what it was given).
+//! - Consumers of a queue get deliveries from this node only (one node).
+
+mod actor;
+mod queue;
+
+use std::collections::HashMap;
+
+use floret_store::records::StoredMessage;
+use floret_store::{AppliedEvent, MessageRef, ShardId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::delivery_id::DeliveryId;
+
+pub(crate) use actor::{channel, spawn};
+
+/// Names a consumer stream for the dispatcher.
+pub type ConsumerId = u64;
+
+/// A message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// How the consumer names this delivery when it settles it.
+    pub id: DeliveryId,
+    /// The message as stored.
+    pub message: StoredMessage,
+}
+
+/// Whether a consumer processed a delivery or hands it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleKind {
+    /// Processed: remove the message.
+    Ack,
+    /// Not processed: deliver it again (attempt + 1).
+    Nack,
+}
+
+/// The outcome of settling one delivery id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleOutcome {
+    /// The id as the consumer sent it.
+    pub delivery_id: String,
+    /// OK, NOT_FOUND, FAILED_PRECONDITION or INVALID_ARGUMENT.
+    pub code: tonic::Code,
+    /// Why, when not OK.
+    pub message: String,
+    /// For a fresh ack: the message to remove through raft before answering.
+    pub removal: Option<MessageRef>,
+}
+
+/// What a consumer stream receives from the dispatcher.
+#[derive(Debug, Clone)]
+pub enum ConsumerEvent {
+    /// A delivery (it cost one credit).
+    Delivery(Box<Delivered>),
+    /// Outcomes of acks or nacks sent on the stream.
+    Settled(Vec<SettleOutcome>),
+}
+
+/// Delivery counters of one queue on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueActivity {
+    /// Messages leased to consumers now.
+    pub in_flight: u64,
+    /// Deliveries since the node started (redeliveries included).
+    pub delivered: u64,
+    /// Acks since the node started.
+    pub acked: u64,
+    /// Deliveries with attempt > 1 since the node started.
+    pub redelivered: u64,
+    /// In flight per producer.
+    pub in_flight_by_producer: HashMap<String, u64>,
+    /// Consumer streams subscribed to the queue on this node.
+    pub consumers: u64,
+}
+
+pub(crate) enum DispatcherCommand {
+    Applied(AppliedEvent),
+    Leadership {
+        shard: ShardId,
+        leader: bool,
+    },
+    Subscribe {
+        queue: String,
+        credits: u32,
+        events: mpsc::UnboundedSender<ConsumerEvent>,
+        reply: oneshot::Sender<ConsumerId>,
+    },
+    Credit {
+        consumer: ConsumerId,
+        credits: u32,
+    },
+    Settle {
+        kind: SettleKind,
+        ids: Vec<Result<DeliveryId, String>>,
+        reply: oneshot::Sender<Vec<SettleOutcome>>,
+    },
+    ConsumerGone {
+        consumer: ConsumerId,
+    },
+    Activity {
+        reply: oneshot::Sender<HashMap<String, QueueActivity>>,
+    },
+}
+
+/// Cheap handle to the dispatcher task.
+#[derive(Clone)]
+pub struct DispatcherHandle {
+    commands: mpsc::UnboundedSender<DispatcherCommand>,
+}
+
+/// The dispatcher task has stopped (the node is shutting down).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the dispatcher has stopped: the node is shutting down")]
+pub struct DispatcherStopped;
+
+impl DispatcherHandle {
+    fn send(&self, command: DispatcherCommand) -> Result<(), DispatcherStopped> {
+        self.commands.send(command).map_err(|_| DispatcherStopped)
+    }
+
+    /// Reports what a state machine applied.
+    pub fn applied(&self, event: AppliedEvent) {
+        let _stopping = self.send(DispatcherCommand::Applied(event));
+    }
+
+    /// Reports that this node gained or lost the leadership of `shard`.
+    pub fn leadership(&self, shard: ShardId, leader: bool) {
+        let _stopping = self.send(DispatcherCommand::Leadership { shard, leader });
+    }
+
+    /// Registers a consumer stream on `queue` with its first credits.
+    pub async fn subscribe(
+        &self,
+        queue: String,
+        credits: u32,
+        events: mpsc::UnboundedSender<ConsumerEvent>,
+    ) -> Result<ConsumerId, DispatcherStopped> {
+        let (reply, id) = oneshot::channel();
+        self.send(DispatcherCommand::Subscribe {
+            queue,
+            credits,
+            events,
+            reply,
+        })?;
+        id.await.map_err(|_| DispatcherStopped)
+    }
+
+    /// Grants a consumer more credits.
+    pub fn credit(&self, consumer: ConsumerId, credits: u32) -> Result<(), DispatcherStopped> {
+        self.send(DispatcherCommand::Credit { consumer, credits })
+    }
+
+    /// Acks or nacks deliveries; ids that did not parse are answered INVALID_ARGUMENT.
+    pub async fn settle(
+        &self,
+        kind: SettleKind,
+        ids: Vec<Result<DeliveryId, String>>,
+    ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
+        let (reply, outcomes) = oneshot::channel();
+        self.send(DispatcherCommand::Settle { kind, ids, reply })?;
+        outcomes.await.map_err(|_| DispatcherStopped)
+    }
+
+    /// The consumer's stream ended: what it held is delivered again.
+    pub fn consumer_gone(&self, consumer: ConsumerId) {
+        let _stopping = self.send(DispatcherCommand::ConsumerGone { consumer });
+    }
+
+    /// Delivery counters of every queue.
+    pub async fn activity(&self) -> Result<HashMap<String, QueueActivity>, DispatcherStopped> {
+        let (reply, activity) = oneshot::channel();
+        self.send(DispatcherCommand::Activity { reply })?;
+        activity.await.map_err(|_| DispatcherStopped)
+    }
+}

@@ -1,0 +1,65 @@
+//! One queue inside the dispatcher: its scheduler, its consumers in
+//! round-robin order, who holds which lease, and its counters.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use floret_sched::{Scheduler, SchedulerConfig};
+use floret_store::ShardId;
+
+use super::ConsumerId;
+
+/// A producer as the dispatcher schedules it: the shard is part of the key so
+/// a message is read from the right shard without recomputing placement.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct ProducerKey {
+    pub shard: ShardId,
+    pub producer: Arc<str>,
+}
+
+/// One lease: which delivery of which message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct LeaseKey {
+    pub producer: ProducerKey,
+    pub sequence: u64,
+    pub attempt: u32,
+}
+
+pub(super) struct QueueDispatch {
+    pub scheduler: Scheduler<ProducerKey>,
+    /// Subscribed consumers; the front is served next.
+    pub consumers: VecDeque<ConsumerId>,
+    /// Which consumer holds each live lease.
+    pub holders: HashMap<LeaseKey, ConsumerId>,
+    pub delivered: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+}
+
+impl QueueDispatch {
+    pub fn new(config: SchedulerConfig) -> Self {
+        Self {
+            scheduler: Scheduler::new(config),
+            consumers: VecDeque::new(),
+            holders: HashMap::new(),
+            delivered: 0,
+            acked: 0,
+            redelivered: 0,
+        }
+    }
+
+    /// Rotates the consumer ring until a consumer that `has_credit` is in front; None if nobody has.
+    pub fn consumer_with_credit(
+        &mut self,
+        has_credit: impl Fn(ConsumerId) -> bool,
+    ) -> Option<ConsumerId> {
+        for _ in 0..self.consumers.len() {
+            let front = *self.consumers.front()?;
+            if has_credit(front) {
+                return Some(front);
+            }
+            self.consumers.rotate_left(1);
+        }
+        None
+    }
+}

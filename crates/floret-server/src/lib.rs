@@ -1,0 +1,26 @@
+//! A floret node: the gRPC services, the per-shard proposers that fold
+//! produces and acks into raft entries, the fair dispatcher, and the typed
+//! configuration.
+//!
+//! `floret serve` builds a [`Config`], binds a listener and runs a [`Node`]:
+//! produce requests are validated ([`request`]), placed on a shard, folded
+//! into a raft entry by that shard's proposer and answered once applied;
+//! the state machines report new messages to the [`dispatcher`], which hands
+//! them to consumers in deficit-round-robin order across producers.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - One node: no forwarding to other nodes, no gossip view, no policies
+//!   beyond the default weight.
+
+pub mod config;
+pub mod delivery_id;
+pub mod dispatcher;
+mod node;
+mod proposer;
+pub mod request;
+pub mod service;
+pub mod settle;
+
+pub use config::Config;
+pub use node::{Node, NodeError};
+pub use proposer::ProposeError;

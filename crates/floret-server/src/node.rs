@@ -1,0 +1,260 @@
+//! Assembles a node: opens the data dir, starts every shard's raft group,
+//! its proposer and the leadership watcher, the dispatcher, and the gRPC
+//! server (Floret, Admin, health, reflection); and takes it all down again.
+//!
+//! Shutdown order: health goes NOT_SERVING, the gRPC server stops taking
+//! calls and drains, the raft groups stop, then the database is synced and
+//! its flusher joined.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - No peers: every shard group has this node as its only member.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floret_cluster::{Shards, ShardsError};
+use floret_proto::v1::admin_server::AdminServer;
+use floret_proto::v1::floret_server::FloretServer;
+use floret_sched::SchedulerConfig;
+use floret_store::{Database, OpenError};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::config::Config;
+use crate::dispatcher::{self, DispatcherHandle};
+use crate::proposer::ShardProposer;
+use crate::service::admin::AdminService;
+use crate::service::floret::FloretService;
+
+/// HTTP/2 pings on idle connections, so dead peers are noticed.
+const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
+/// TCP keepalive on accepted sockets.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Concurrent streams per connection, so one client cannot pin unbounded resources.
+const MAX_CONCURRENT_STREAMS: u32 = 1_024;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The configuration is not valid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The data dir could not be opened.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The shards could not start.
+    #[error(transparent)]
+    Shards(#[from] ShardsError),
+    /// Server reflection could not be set up.
+    #[error("cannot set up gRPC reflection: {0}")]
+    Reflection(String),
+    /// The listener's address is unknown.
+    #[error("cannot read the listen address: {0}")]
+    Listener(std::io::Error),
+    /// Some shard elected no leader in time.
+    #[error("shard {shard} has no leader after {waited:?}")]
+    NotReady {
+        /// The shard.
+        shard: u32,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+/// A running node.
+pub struct Node {
+    address: SocketAddr,
+    shards: Arc<Shards>,
+    database: Database,
+    health: HealthReporter,
+    stop_server: oneshot::Sender<()>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    watchers: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Starts a node serving on `listener` (already bound, so port 0 works).
+    /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
+    pub async fn start(config: Config, listener: TcpListener) -> Result<Self, NodeError> {
+        config.validate()?;
+        let address = listener.local_addr().map_err(NodeError::Listener)?;
+        let database = Database::open(&config.data_dir)?;
+        let (dispatcher, dispatcher_inbox) = dispatcher::channel();
+        let applied_to_dispatcher = dispatcher.clone();
+        let listener_fn: floret_store::AppliedListener =
+            Arc::new(move |event| applied_to_dispatcher.applied(event));
+        let shards = Arc::new(
+            Shards::start(
+                config.node_id,
+                &address.to_string(),
+                &database,
+                config.shards,
+                &config.raft_tuning(),
+                listener_fn,
+            )
+            .await?,
+        );
+        let proposers: Vec<_> = shards
+            .groups()
+            .iter()
+            .map(|group| {
+                ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone())
+            })
+            .collect();
+        dispatcher::spawn(
+            dispatcher_inbox,
+            shards
+                .groups()
+                .iter()
+                .map(|group| group.reader.clone())
+                .collect(),
+            SchedulerConfig {
+                default_weight: 1,
+                lease_timeout: config.lease_timeout(),
+            },
+            config.limits.max_credits,
+        );
+        let watchers = shards
+            .groups()
+            .iter()
+            .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
+            .collect();
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(floret_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| NodeError::Reflection(e.to_string()))?;
+        let floret = FloretServer::new(FloretService::new(
+            shards.clone(),
+            proposers,
+            dispatcher.clone(),
+            config.limits.clone(),
+        ))
+        .max_decoding_message_size(config.limits.max_request_bytes);
+        let admin = AdminServer::new(AdminService::new(
+            shards.clone(),
+            dispatcher,
+            address.to_string(),
+        ));
+        let (stop_server, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
+                .tcp_keepalive(Some(TCP_KEEPALIVE))
+                .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(floret)
+                .add_service(admin)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, "node started");
+        Ok(Self {
+            address,
+            shards,
+            database,
+            health,
+            stop_server,
+            server,
+            watchers,
+        })
+    }
+
+    /// Waits until this node leads every shard, then reports SERVING.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), NodeError> {
+        let node_id = self.shards.node_id();
+        for group in self.shards.groups() {
+            let mut metrics = group.raft.metrics();
+            let led = tokio::time::timeout(
+                timeout,
+                metrics.wait_for(|m| m.current_leader == Some(node_id)),
+            )
+            .await;
+            if !matches!(led, Ok(Ok(_))) {
+                return Err(NodeError::NotReady {
+                    shard: group.id,
+                    waited: timeout,
+                });
+            }
+        }
+        self.health
+            .set_service_status("", ServingStatus::Serving)
+            .await;
+        self.health
+            .set_serving::<FloretServer<FloretService>>()
+            .await;
+        self.health.set_serving::<AdminServer<AdminService>>().await;
+        Ok(())
+    }
+
+    /// The address the gRPC server listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Runs until `shutdown` resolves or the server fails, then stops cleanly.
+    pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::select! {
+            () = shutdown => tracing::info!("shutting down"),
+            result = &mut self.server => {
+                match result {
+                    Ok(Ok(())) => tracing::warn!("gRPC server stopped by itself"),
+                    Ok(Err(error)) => tracing::error!(%error, "gRPC server failed"),
+                    Err(error) => tracing::error!(%error, "gRPC server task failed"),
+                }
+            }
+        }
+        self.stop().await;
+    }
+
+    async fn stop(self) {
+        self.health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        let _already_stopped = self.stop_server.send(());
+        if let Err(error) = self.server.await {
+            tracing::warn!(%error, "gRPC server task did not end cleanly");
+        }
+        self.shards.shutdown().await;
+        for watcher in &self.watchers {
+            watcher.abort();
+        }
+        if let Err(error) = self.database.sync().await {
+            tracing::error!(%error, "final sync failed");
+        }
+        drop(self.shards);
+        self.database.close();
+        tracing::info!("node stopped");
+    }
+}
+
+/// Tells the dispatcher whenever this node gains or loses the leadership of `shard`.
+fn watch_leadership(shards: &Shards, shard: u32, dispatcher: DispatcherHandle) -> JoinHandle<()> {
+    let node_id = shards.node_id();
+    let mut metrics = shards.group(shard).raft.metrics();
+    tokio::spawn(async move {
+        let mut leading = false;
+        loop {
+            let now_leading = metrics.borrow_and_update().current_leader == Some(node_id);
+            if now_leading != leading {
+                leading = now_leading;
+                dispatcher.leadership(shard, leading);
+            }
+            if metrics.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+}

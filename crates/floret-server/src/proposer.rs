@@ -1,0 +1,151 @@
+//! Folds concurrent operations for one shard into one raft entry.
+//!
+//! openraft 0.9 flushes once per entry within a group, so throughput comes
+//! from operations per entry. Each shard has a proposer task: it takes the
+//! first waiting operation, waits for one of `proposals_in_flight` slots, and
+//! meanwhile more operations queue up; then it drains them (up to
+//! `max_entry_ops` / `max_entry_bytes`) into one entry. Under load entries
+//! fill by themselves; an idle shard adds no linger to a lone produce.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A lost leadership fails every op of the entry with NotLeader; the client
+//!   retries with its idempotency sequence.
+
+use std::sync::Arc;
+
+use floret_store::{Command, NodeId, Op, OpReply, Raft, ShardId};
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::config::BatchingConfig;
+
+/// Why an operation was not committed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// This node does not lead the shard (anymore); the outcome is not applied.
+    #[error("this node does not lead shard {shard}{}", leader.map(|l| format!(" (node {l} does)")).unwrap_or_default())]
+    NotLeader {
+        /// The shard.
+        shard: ShardId,
+        /// The leader, when known.
+        leader: Option<NodeId>,
+    },
+    /// The raft group stopped or failed; the outcome is unknown.
+    #[error("shard {shard} cannot commit: {reason}")]
+    Unavailable {
+        /// The shard.
+        shard: ShardId,
+        /// What failed.
+        reason: String,
+    },
+}
+
+struct Proposal {
+    op: Op,
+    bytes: usize,
+    reply: oneshot::Sender<Result<OpReply, ProposeError>>,
+}
+
+/// Handle to one shard's proposer task.
+#[derive(Clone)]
+pub struct ShardProposer {
+    shard: ShardId,
+    proposals: mpsc::UnboundedSender<Proposal>,
+}
+
+impl ShardProposer {
+    /// Starts the proposer task of `shard`.
+    pub fn spawn(shard: ShardId, raft: Raft, batching: BatchingConfig) -> Self {
+        let (proposals, pending) = mpsc::unbounded_channel();
+        tokio::spawn(run(shard, raft, batching, pending));
+        Self { shard, proposals }
+    }
+
+    /// Proposes `op` and waits for it to be committed and applied.
+    pub async fn propose(&self, op: Op) -> Result<OpReply, ProposeError> {
+        let (reply, replied) = oneshot::channel();
+        let bytes = op_bytes(&op);
+        self.proposals
+            .send(Proposal { op, bytes, reply })
+            .map_err(|_| self.stopped())?;
+        replied.await.map_err(|_| self.stopped())?
+    }
+
+    fn stopped(&self) -> ProposeError {
+        ProposeError::Unavailable {
+            shard: self.shard,
+            reason: "the node is shutting down".into(),
+        }
+    }
+}
+
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Enqueue(enqueue) => enqueue.messages.iter().map(|m| m.payload.len() + 64).sum(),
+        Op::Remove(messages) => messages.len() * 64,
+    }
+}
+
+async fn run(
+    shard: ShardId,
+    raft: Raft,
+    batching: BatchingConfig,
+    mut pending: mpsc::UnboundedReceiver<Proposal>,
+) {
+    let slots = Arc::new(Semaphore::new(batching.proposals_in_flight));
+    while let Some(first) = pending.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        let mut bytes = first.bytes;
+        let mut batch = vec![first];
+        while batch.len() < batching.max_entry_ops && bytes < batching.max_entry_bytes {
+            match pending.try_recv() {
+                Ok(next) => {
+                    bytes += next.bytes;
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        metrics::histogram!("floret_entry_ops").record(batch.len() as f64);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let (ops, replies): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|p| (p.op, p.reply)).unzip();
+            let outcome = raft.client_write(Command { ops }).await;
+            drop(slot);
+            match outcome {
+                Ok(response) => {
+                    for (reply, result) in replies.into_iter().zip(response.data.replies) {
+                        let _caller_gone = reply.send(Ok(result));
+                    }
+                }
+                Err(error) => {
+                    let error = propose_error(shard, error);
+                    for reply in replies {
+                        let _caller_gone = reply.send(Err(error.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn propose_error(
+    shard: ShardId,
+    error: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+) -> ProposeError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+            ProposeError::NotLeader {
+                shard,
+                leader: forward.leader_id,
+            }
+        }
+        other => ProposeError::Unavailable {
+            shard,
+            reason: other.to_string(),
+        },
+    }
+}

@@ -1,0 +1,46 @@
+//! Conversions between the dispatcher's domain values and `floret.v1` messages.
+
+use floret_proto::v1;
+
+use crate::dispatcher::{ConsumerEvent, Delivered, SettleOutcome};
+
+/// A delivery as the consumer receives it.
+pub fn delivery(delivered: Delivered) -> v1::Delivery {
+    let Delivered { id, message } = delivered;
+    v1::Delivery {
+        delivery_id: id.to_string(),
+        queue: id.queue,
+        producer_id: id.producer,
+        sequence: id.sequence,
+        payload: message.payload,
+        headers: message.headers.into_iter().collect(),
+        attempt: id.attempt,
+        enqueued_at_unix_ms: message.enqueued_at_ms,
+    }
+}
+
+/// One settle outcome on the wire.
+pub fn settle_outcome(outcome: SettleOutcome) -> v1::SettleOutcome {
+    v1::SettleOutcome {
+        delivery_id: outcome.delivery_id,
+        code: outcome.code as i32,
+        message: outcome.message,
+    }
+}
+
+/// What a consumer stream sends for one dispatcher event.
+pub fn consume_response(event: ConsumerEvent) -> v1::ConsumeResponse {
+    let response = match event {
+        ConsumerEvent::Delivery(delivered) => {
+            v1::consume_response::Response::Delivery(delivery(*delivered))
+        }
+        ConsumerEvent::Settled(outcomes) => {
+            v1::consume_response::Response::Settled(v1::SettleResult {
+                outcomes: outcomes.into_iter().map(settle_outcome).collect(),
+            })
+        }
+    };
+    v1::ConsumeResponse {
+        response: Some(response),
+    }
+}

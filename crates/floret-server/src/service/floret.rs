@@ -1,0 +1,247 @@
+//! The `floret.v1.Floret` service: produce, consume and ack.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Produce is served by the node that leads the producer's shard (every
+//!   shard, on one node); forwarding comes with the cluster.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use floret_cluster::Shards;
+use floret_proto::v1::{self, consume_request};
+use floret_store::{Enqueue, Op, OpReply};
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{convert, status};
+use crate::config::Limits;
+use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::proposer::ShardProposer;
+use crate::request;
+use crate::settle::Settler;
+
+/// Serves the data plane of one node.
+pub struct FloretService {
+    shards: Arc<Shards>,
+    proposers: Vec<ShardProposer>,
+    dispatcher: DispatcherHandle,
+    settler: Settler,
+    limits: Limits,
+}
+
+impl FloretService {
+    /// A service over the node's shards, proposers and dispatcher.
+    pub fn new(
+        shards: Arc<Shards>,
+        proposers: Vec<ShardProposer>,
+        dispatcher: DispatcherHandle,
+        limits: Limits,
+    ) -> Self {
+        let settler = Settler::new(dispatcher.clone(), proposers.clone());
+        Self {
+            shards,
+            proposers,
+            dispatcher,
+            settler,
+            limits,
+        }
+    }
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Stream of responses on a consume call.
+pub type ConsumeStream = Pin<Box<dyn Stream<Item = Result<v1::ConsumeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl v1::floret_server::Floret for FloretService {
+    async fn produce(
+        &self,
+        request: Request<v1::ProduceRequest>,
+    ) -> Result<Response<v1::ProduceResponse>, Status> {
+        let request = request.into_inner();
+        let queue = request::queue_name(&request.queue)?;
+        let producer = request::producer_id(&request.producer_id)?;
+        let messages = request::messages(request.messages, &self.limits)?;
+        let shard = self.shards.placement().shard_of(&queue, &producer);
+        let count = messages.len();
+        let op = Op::Enqueue(Enqueue {
+            queue,
+            producer,
+            producer_sequence: request.producer_sequence,
+            enqueued_at_ms: now_unix_ms(),
+            messages,
+        });
+        let reply = self.proposers[shard as usize]
+            .propose(op)
+            .await
+            .map_err(status::from_propose)?;
+        metrics::counter!("floret_produced_messages_total").increment(count as u64);
+        match reply {
+            OpReply::Enqueued {
+                first_sequence,
+                count,
+                duplicate,
+            } => Ok(Response::new(v1::ProduceResponse {
+                sequences: (first_sequence..first_sequence + count).collect(),
+                duplicate,
+            })),
+            OpReply::StaleProducerSequence { last } => Err(Status::failed_precondition(format!(
+                "producer_sequence {} is older than the last one applied for this producer ({last}); its sequences are no longer known",
+                request.producer_sequence.unwrap_or_default()
+            ))),
+            OpReply::Removed { .. } => Err(Status::internal("a produce was answered as a removal")),
+        }
+    }
+
+    type ConsumeStream = ConsumeStream;
+
+    async fn consume(
+        &self,
+        request: Request<Streaming<v1::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("the consume stream ended before a subscribe")
+        })?;
+        let Some(consume_request::Request::Subscribe(subscribe)) = first.request else {
+            return Err(Status::invalid_argument(
+                "the first request on a consume stream must be a subscribe",
+            ));
+        };
+        let queue = request::queue_name(&subscribe.queue)?;
+        let credits = request::credits(subscribe.credits)?;
+        let (events, deliveries) = mpsc::unbounded_channel();
+        let (failures, failed) = mpsc::unbounded_channel::<Status>();
+        let consumer = self
+            .dispatcher
+            .subscribe(queue, credits, events.clone())
+            .await
+            .map_err(status::from_stopped)?;
+        tokio::spawn(read_consumer_requests(
+            inbound,
+            consumer,
+            self.dispatcher.clone(),
+            self.settler.clone(),
+            events,
+            failures,
+        ));
+        let deliveries = UnboundedReceiverStream::new(deliveries)
+            .map(|event| Ok(convert::consume_response(event)));
+        let failed = UnboundedReceiverStream::new(failed).map(Err);
+        Ok(Response::new(Box::pin(futures::stream::select(
+            deliveries, failed,
+        ))))
+    }
+
+    async fn ack(
+        &self,
+        request: Request<v1::AckRequest>,
+    ) -> Result<Response<v1::AckResponse>, Status> {
+        let ids = request.into_inner().delivery_ids;
+        if ids.is_empty() {
+            return Err(Status::invalid_argument(
+                "an ack needs at least one delivery_id",
+            ));
+        }
+        let total = ids.len();
+        let outcomes = self
+            .settler
+            .settle(SettleKind::Ack, ids)
+            .await
+            .map_err(status::from_stopped)?;
+        let failed: Vec<_> = outcomes
+            .iter()
+            .filter(|o| o.code != tonic::Code::Ok)
+            .collect();
+        if let Some(first) = failed.first() {
+            return Err(Status::new(
+                first.code,
+                format!(
+                    "{} of {total} deliveries not acked (the others were); first: {}: {}",
+                    failed.len(),
+                    first.delivery_id,
+                    first.message
+                ),
+            ));
+        }
+        Ok(Response::new(v1::AckResponse {
+            outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
+        }))
+    }
+}
+
+/// Reads credits, acks and nacks from a consumer until its stream ends or
+/// misbehaves; then the dispatcher takes back what the consumer held.
+async fn read_consumer_requests(
+    mut inbound: Streaming<v1::ConsumeRequest>,
+    consumer: ConsumerId,
+    dispatcher: DispatcherHandle,
+    settler: Settler,
+    events: mpsc::UnboundedSender<ConsumerEvent>,
+    failures: mpsc::UnboundedSender<Status>,
+) {
+    loop {
+        let request = match inbound.message().await {
+            Ok(Some(request)) => request,
+            Ok(None) => break,
+            Err(status) => {
+                tracing::debug!(consumer, %status, "consume stream failed");
+                break;
+            }
+        };
+        let result = match request.request {
+            Some(consume_request::Request::Credit(credit)) => request::credits(credit.credits)
+                .and_then(|credits| {
+                    dispatcher
+                        .credit(consumer, credits)
+                        .map_err(status::from_stopped)
+                }),
+            Some(consume_request::Request::Ack(settle)) => {
+                settle_on_stream(&settler, SettleKind::Ack, settle, &events)
+            }
+            Some(consume_request::Request::Nack(settle)) => {
+                settle_on_stream(&settler, SettleKind::Nack, settle, &events)
+            }
+            Some(consume_request::Request::Subscribe(_)) => Err(Status::invalid_argument(
+                "this stream is already subscribed; open another stream for another queue",
+            )),
+            None => Err(Status::invalid_argument("empty consume request")),
+        };
+        if let Err(status) = result {
+            let _consumer_gone = failures.send(status);
+            break;
+        }
+    }
+    dispatcher.consumer_gone(consumer);
+}
+
+/// Settles in its own task, so a consumer's next requests are read while
+/// its acks commit; the outcomes come back on the stream.
+fn settle_on_stream(
+    settler: &Settler,
+    kind: SettleKind,
+    settle: v1::Settle,
+    events: &mpsc::UnboundedSender<ConsumerEvent>,
+) -> Result<(), Status> {
+    if settle.delivery_ids.is_empty() {
+        return Err(Status::invalid_argument(
+            "an ack or nack needs at least one delivery_id",
+        ));
+    }
+    let (settler, events) = (settler.clone(), events.clone());
+    tokio::spawn(async move {
+        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
+            let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
+        }
+    });
+    Ok(())
+}

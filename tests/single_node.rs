@@ -1,0 +1,366 @@
+//! One real `floret serve` process, end to end: fairness under a flood,
+//! order, durability across SIGKILL, bad input, and data-dir errors.
+
+mod harness;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floret_client::{Client, ConsumerEvent, Delivery, Message};
+use harness::{FloretProcess, eventually, start_expecting_failure};
+use tonic::Code;
+
+/// Upper bound for draining a test's messages.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(120);
+
+fn message(producer: &str, counter: u64) -> Message {
+    Message {
+        payload: format!("{producer}:{counter}").into_bytes(),
+        headers: HashMap::from([("counter".to_owned(), counter.to_string())]),
+    }
+}
+
+fn counter_of(delivery: &Delivery) -> u64 {
+    delivery.headers["counter"].parse().expect("counter header")
+}
+
+/// Consumes until `done` says so, acking everything; returns deliveries in arrival order.
+async fn consume_until(
+    client: &Client,
+    credits: u32,
+    mut done: impl FnMut(&[Delivery]) -> bool,
+) -> Vec<Delivery> {
+    let mut consumer = client.consume("default", credits).await.expect("subscribe");
+    let mut deliveries = Vec::new();
+    let deadline = Instant::now() + DRAIN_DEADLINE;
+    let mut unsettled = 0usize;
+    while !done(&deliveries) {
+        let event = tokio::time::timeout_at(deadline.into(), consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} deliveries before the deadline", deliveries.len()))
+            .expect("consume stream")
+            .expect("stream open");
+        match event {
+            ConsumerEvent::Delivery(delivery) => {
+                consumer
+                    .ack(vec![delivery.delivery_id.clone()])
+                    .await
+                    .expect("ack");
+                consumer.credit(1).await.expect("credit");
+                unsettled += 1;
+                deliveries.push(delivery);
+            }
+            ConsumerEvent::Settled(outcomes) => {
+                unsettled -= outcomes.len();
+                assert!(
+                    outcomes.iter().all(|o| o.code == 0),
+                    "ack refused: {outcomes:?}"
+                );
+            }
+        }
+    }
+    while unsettled > 0 {
+        match tokio::time::timeout_at(deadline.into(), consumer.next()).await {
+            Ok(Ok(Some(ConsumerEvent::Settled(outcomes)))) => unsettled -= outcomes.len(),
+            Ok(Ok(Some(ConsumerEvent::Delivery(_)))) => {}
+            other => panic!("stream ended with {unsettled} acks unconfirmed: {other:?}"),
+        }
+    }
+    deliveries
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starvation_by_flooding_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let quiet: Vec<String> = (0..10).map(|i| format!("quiet-{i}")).collect();
+    for batch in 0..100u64 {
+        let messages = (batch * 100..(batch + 1) * 100)
+            .map(|c| message("flooder", c))
+            .collect();
+        client
+            .produce("default", "flooder", messages)
+            .await
+            .expect("flood produce");
+    }
+    for producer in &quiet {
+        let mut idempotent = client.producer("default", producer);
+        for batch in 0..10u64 {
+            let messages = (batch * 10..(batch + 1) * 10)
+                .map(|c| message(producer, c))
+                .collect();
+            let response = idempotent.send(messages).await.expect("quiet produce");
+            assert_eq!(
+                response.sequences,
+                (batch * 10..(batch + 1) * 10).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    let deliveries = consume_until(&client, 64, |d| d.len() == 11_000).await;
+
+    let mut by_producer: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for delivery in &deliveries {
+        by_producer
+            .entry(&delivery.producer_id)
+            .or_default()
+            .push(counter_of(delivery));
+    }
+    assert_eq!(
+        by_producer["flooder"],
+        (0..10_000).collect::<Vec<_>>(),
+        "flooder lost or reordered"
+    );
+    for producer in &quiet {
+        assert_eq!(
+            by_producer[producer.as_str()],
+            (0..100).collect::<Vec<_>>(),
+            "{producer} lost or reordered"
+        );
+        let last = deliveries
+            .iter()
+            .rposition(|d| &d.producer_id == producer)
+            .unwrap();
+        assert!(
+            last < 1_200,
+            "{producer}'s last message came out at delivery {last}: starved by the flood"
+        );
+    }
+    assert!(deliveries.iter().all(|d| d.attempt == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_produce_lost_on_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("node");
+    let mut node = FloretProcess::start(&data_dir, &[]);
+    let client = node.client();
+    let acknowledged: Arc<Mutex<HashSet<(String, u64)>>> = Arc::default();
+    let mut producers = Vec::new();
+    for p in 0..8 {
+        let client = client.clone();
+        let acknowledged = acknowledged.clone();
+        producers.push(tokio::spawn(async move {
+            let producer = format!("tenant-{p}");
+            for counter in 0.. {
+                match client
+                    .produce("default", &producer, vec![message(&producer, counter)])
+                    .await
+                {
+                    Ok(_) => acknowledged
+                        .lock()
+                        .unwrap()
+                        .insert((producer.clone(), counter)),
+                    Err(_) => break,
+                };
+            }
+        }));
+    }
+    eventually(Duration::from_secs(60), "500 acknowledged produces", || {
+        let count = acknowledged.lock().unwrap().len();
+        async move { count >= 500 }
+    })
+    .await;
+    node.kill();
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+
+    let node = FloretProcess::start(&data_dir, &[]);
+    let client = node.client();
+    let deliveries = consume_until(&client, 256, |seen| {
+        let got: HashSet<_> = seen
+            .iter()
+            .map(|d| (d.producer_id.clone(), counter_of(d)))
+            .collect();
+        acknowledged.is_subset(&got)
+    })
+    .await;
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for delivery in &deliveries {
+        let counter = counter_of(delivery);
+        if let Some(previous) = last.insert(&delivery.producer_id, counter) {
+            assert!(
+                counter > previous,
+                "{} out of order: {counter} after {previous}",
+                delivery.producer_id
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_delivery_returns_after_consumer_disconnects_or_lease_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &["--lease-timeout-ms", "300"]);
+    let client = node.client();
+    client
+        .produce("default", "p", vec![message("p", 0)])
+        .await
+        .unwrap();
+
+    let mut first = client.consume("default", 1).await.unwrap();
+    let Some(ConsumerEvent::Delivery(delivery)) = first.next().await.unwrap() else {
+        panic!("no delivery")
+    };
+    assert_eq!(delivery.attempt, 1);
+    drop(first);
+
+    let mut second = client.consume("default", 1).await.unwrap();
+    let Some(ConsumerEvent::Delivery(redelivery)) = second.next().await.unwrap() else {
+        panic!("no redelivery")
+    };
+    assert_eq!((redelivery.sequence, redelivery.attempt), (0, 2));
+    second.credit(1).await.unwrap();
+    let Some(ConsumerEvent::Delivery(expired)) = second.next().await.unwrap() else {
+        panic!("no redelivery")
+    };
+    assert_eq!(
+        (expired.sequence, expired.attempt),
+        (0, 3),
+        "lease did not expire"
+    );
+
+    let stale = client
+        .ack(vec![redelivery.delivery_id.clone()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, floret_client::ClientError::Status(ref s) if s.code() == Code::FailedPrecondition),
+        "{stale}"
+    );
+    client
+        .ack(vec![expired.delivery_id.clone()])
+        .await
+        .expect("current lease acks");
+    client
+        .ack(vec![expired.delivery_id.clone()])
+        .await
+        .expect("a repeated ack is OK");
+}
+
+fn status_code(error: floret_client::ClientError) -> Code {
+    match error {
+        floret_client::ClientError::Status(status) => status.code(),
+        other => panic!("expected a status, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let one = || vec![message("p", 0)];
+    let cases: Vec<(&str, Result<_, _>, Code)> = vec![
+        (
+            "empty producer id",
+            client.produce("default", "", one()).await,
+            Code::InvalidArgument,
+        ),
+        (
+            "producer id over 256 bytes",
+            client.produce("default", &"p".repeat(257), one()).await,
+            Code::InvalidArgument,
+        ),
+        (
+            "queue name with a slash",
+            client.produce("a/b", "p", one()).await,
+            Code::InvalidArgument,
+        ),
+        (
+            "queue name over 128 bytes",
+            client.produce(&"q".repeat(129), "p", one()).await,
+            Code::InvalidArgument,
+        ),
+        (
+            "empty batch",
+            client.produce("default", "p", vec![]).await,
+            Code::InvalidArgument,
+        ),
+        (
+            "payload over the 1 MiB limit",
+            client
+                .produce(
+                    "default",
+                    "p",
+                    vec![Message {
+                        payload: vec![0; 1024 * 1024 + 1],
+                        headers: HashMap::new(),
+                    }],
+                )
+                .await,
+            Code::InvalidArgument,
+        ),
+        (
+            "request over the transport limit (tonic answers OUT_OF_RANGE)",
+            client
+                .produce(
+                    "default",
+                    "p",
+                    (0..17)
+                        .map(|_| Message {
+                            payload: vec![0; 1024 * 1024],
+                            headers: HashMap::new(),
+                        })
+                        .collect(),
+                )
+                .await,
+            Code::OutOfRange,
+        ),
+    ];
+    for (what, result, code) in cases {
+        let error = result.expect_err(what);
+        let message = error.to_string();
+        assert_eq!(status_code(error), code, "{what}: {message}");
+    }
+    assert_eq!(
+        status_code(client.ack(vec!["nonsense".into()]).await.unwrap_err()),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        status_code(
+            client
+                .ack(vec!["3-99-1-7-defaultnobody".into()])
+                .await
+                .unwrap_err()
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        status_code(client.ack(vec![]).await.unwrap_err()),
+        Code::InvalidArgument
+    );
+    let zero_credits = async { client.consume("default", 0).await?.next().await };
+    assert_eq!(
+        status_code(zero_credits.await.unwrap_err()),
+        Code::InvalidArgument
+    );
+
+    let response = client
+        .produce("default", "p", one())
+        .await
+        .expect("node still serves");
+    assert_eq!(response.sequences, vec![0]);
+}
+
+#[test]
+fn foreign_or_busy_data_dir_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("important.txt"), "not floret's").unwrap();
+    let stderr = start_expecting_failure(&foreign);
+    assert!(stderr.contains("not a floret data dir"), "{stderr}");
+
+    let busy = dir.path().join("busy");
+    let _running = FloretProcess::start(&busy, &[]);
+    let stderr = start_expecting_failure(&busy);
+    assert!(
+        stderr.contains("in use by another running floret node"),
+        "{stderr}"
+    );
+}

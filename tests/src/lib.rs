@@ -1,1 +1,0 @@
-//! Harness for black-box tests: starts real `floret` processes.
