@@ -30,6 +30,9 @@ pub struct RaftTuning {
     pub election_timeout_max: Duration,
     /// Entries applied since the last snapshot before a new one is built.
     pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot, so a briefly lagging
+    /// replica catches up from the log instead of a whole snapshot.
+    pub logs_kept_after_snapshot: u64,
 }
 
 impl Default for RaftTuning {
@@ -39,6 +42,7 @@ impl Default for RaftTuning {
             election_timeout_min: Duration::from_millis(1_500),
             election_timeout_max: Duration::from_millis(3_000),
             snapshot_every_entries: 20_000,
+            logs_kept_after_snapshot: 1_000,
         }
     }
 }
@@ -180,7 +184,7 @@ fn raft_config(tuning: &RaftTuning) -> Result<openraft::Config, String> {
         election_timeout_min: tuning.election_timeout_min.as_millis() as u64,
         election_timeout_max: tuning.election_timeout_max.as_millis() as u64,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: 1_000,
+        max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
         ..Default::default()
     };
     config.validate().map_err(|e| e.to_string())

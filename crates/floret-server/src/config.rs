@@ -26,6 +26,8 @@ pub struct Config {
     pub shards: u32,
     /// Prometheus metrics listen address; none when absent.
     pub metrics_listen: Option<SocketAddr>,
+    /// Storage tunables.
+    pub storage: StorageConfig,
     /// Request limits.
     pub limits: Limits,
     /// Delivery tunables.
@@ -34,6 +36,22 @@ pub struct Config {
     pub batching: BatchingConfig,
     /// Raft timing.
     pub raft: RaftConfig,
+}
+
+/// How the node's database uses memory.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// sled's page cache, in bytes: the backlog beyond it stays on disk.
+    pub cache_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            cache_bytes: floret_store::DEFAULT_CACHE_BYTES,
+        }
+    }
 }
 
 /// What one request may carry.
@@ -85,6 +103,8 @@ pub struct RaftConfig {
     pub election_timeout_max_ms: u64,
     /// Entries between two snapshots of a shard.
     pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot.
+    pub logs_kept_after_snapshot: u64,
 }
 
 impl Default for Config {
@@ -95,6 +115,7 @@ impl Default for Config {
             data_dir: PathBuf::from("floret-data"),
             shards: 16,
             metrics_listen: None,
+            storage: StorageConfig::default(),
             limits: Limits::default(),
             delivery: DeliveryConfig::default(),
             batching: BatchingConfig::default(),
@@ -141,6 +162,7 @@ impl Default for RaftConfig {
             election_timeout_min_ms: tuning.election_timeout_min.as_millis() as u64,
             election_timeout_max_ms: tuning.election_timeout_max.as_millis() as u64,
             snapshot_every_entries: tuning.snapshot_every_entries,
+            logs_kept_after_snapshot: tuning.logs_kept_after_snapshot,
         }
     }
 }
@@ -251,6 +273,9 @@ impl Config {
         if self.shards == 0 || self.shards > 1024 {
             return invalid(format!("shards must be in 1..=1024, not {}", self.shards));
         }
+        if self.storage.cache_bytes < 1024 * 1024 {
+            return invalid("storage.cache_bytes must be at least 1 MiB".into());
+        }
         if self.limits.max_payload_bytes == 0
             || self.limits.max_payload_bytes >= self.limits.max_request_bytes
         {
@@ -295,6 +320,7 @@ impl Config {
             election_timeout_min: Duration::from_millis(self.raft.election_timeout_min_ms),
             election_timeout_max: Duration::from_millis(self.raft.election_timeout_max_ms),
             snapshot_every_entries: self.raft.snapshot_every_entries,
+            logs_kept_after_snapshot: self.raft.logs_kept_after_snapshot,
         }
     }
 
@@ -366,6 +392,15 @@ mod tests {
         assert!(
             error.to_string().contains("election_timeout_min_ms"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn example_config_in_deploy_spells_out_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/floret.toml");
+        assert_eq!(
+            Config::load(Some(&path), no_env).unwrap(),
+            Config::default()
         );
     }
 

@@ -84,7 +84,7 @@ impl Node {
     pub async fn start(config: Config, listener: TcpListener) -> Result<Self, NodeError> {
         config.validate()?;
         let address = listener.local_addr().map_err(NodeError::Listener)?;
-        let database = Database::open(&config.data_dir)?;
+        let database = Database::open_with_cache(&config.data_dir, config.storage.cache_bytes)?;
         let (dispatcher, dispatcher_inbox) = dispatcher::channel();
         let applied_to_dispatcher = dispatcher.clone();
         let listener_fn: floret_store::AppliedListener =

@@ -15,6 +15,9 @@ use crate::types::ShardId;
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
+/// sled's page cache: large enough for the hot tail of every backlog, small
+/// enough that the backlog itself stays on disk (sled's own default is 1 GiB).
+pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// Key in sled's default tree that pins the shard count of a data dir.
 const SHARD_COUNT_KEY: &[u8] = b"shard_count";
 
@@ -75,8 +78,14 @@ pub struct Database {
 }
 
 impl Database {
-    /// Opens `dir`, creating a new floret data dir if it is missing or empty.
+    /// Opens `dir` with the default page cache.
     pub fn open(dir: &Path) -> Result<Self, OpenError> {
+        Self::open_with_cache(dir, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens `dir`, creating a new floret data dir if it is missing or empty;
+    /// sled keeps at most `cache_bytes` of pages in memory.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
         let io_error = |source| OpenError::Io {
             path: dir.to_path_buf(),
             source,
@@ -84,6 +93,7 @@ impl Database {
         check_marker(dir)?;
         let sled_dir = dir.join("sled");
         let db = sled::Config::new()
+            .cache_capacity(cache_bytes)
             .path(&sled_dir)
             .open()
             .map_err(|error| match error {

@@ -28,7 +28,7 @@ mod state_machine;
 mod storage_error;
 mod types;
 
-pub use database::{Database, FORMAT_VERSION, MARKER_FILE, OpenError};
+pub use database::{DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError};
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
 pub use reader::{ProducerEntry, ShardReader};

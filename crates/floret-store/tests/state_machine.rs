@@ -199,3 +199,69 @@ fn second_node_on_the_same_data_dir_is_refused() {
     let error = Database::open(dir.path()).err().expect("must refuse");
     assert!(error.to_string().contains("in use"), "{error}");
 }
+
+#[tokio::test]
+async fn snapshot_installed_on_an_empty_replica_reproduces_the_state() {
+    use openraft::RaftSnapshotBuilder;
+
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = Database::open(source_dir.path()).unwrap();
+    let mut leader = source.state_machine(2, None).unwrap();
+    apply(
+        &mut leader,
+        vec![
+            entry(
+                1,
+                vec![
+                    enqueue("a", &["a0", "a1"], Some(1)),
+                    enqueue("b", &["b0"], None),
+                ],
+            ),
+            entry(2, vec![Op::Remove(vec![removal("a", 0)])]),
+        ],
+    )
+    .await;
+    let snapshot = leader
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_eq!(snapshot.meta.last_log_id, Some(log_id(2)));
+
+    let replica_dir = tempfile::tempdir().unwrap();
+    let replica_db = Database::open(replica_dir.path()).unwrap();
+    let mut replica = replica_db.state_machine(2, None).unwrap();
+    apply(
+        &mut replica,
+        vec![entry(1, vec![enqueue("stale", &["x"], None)])],
+    )
+    .await;
+    replica
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+
+    let (applied, _) = replica.applied_state().await.unwrap();
+    assert_eq!(applied, Some(log_id(2)));
+    let (leader_reader, replica_reader) = (leader.reader(), replica.reader());
+    let producers = |reader: &floret_store::ShardReader| {
+        reader.producers().map(|p| p.unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(producers(&replica_reader), producers(&leader_reader));
+    assert_eq!(replica_reader.message("default", "stale", 0).unwrap(), None);
+    assert_eq!(
+        replica_reader
+            .message("default", "a", 1)
+            .unwrap()
+            .unwrap()
+            .payload,
+        b"a1"
+    );
+    let current = replica
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .expect("installed snapshot is current");
+    assert_eq!(current.meta, snapshot.meta);
+}
