@@ -1,6 +1,7 @@
 //! A produce load generator: `count` messages of `size` bytes over
 //! `producers` producers, `batch` per request, `concurrency` requests in
-//! flight; reports throughput and request latency percentiles.
+//! flight; reports throughput and request latency percentiles. A worker
+//! stops at its first failed request, so a dead node ends the run quickly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,7 +67,8 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     }
                     Err(error) => {
                         failures += 1;
-                        tracing::warn!(%error, "produce failed");
+                        tracing::warn!(%error, "produce failed; this worker stops");
+                        break;
                     }
                 }
             }
