@@ -328,8 +328,8 @@ impl Dispatcher {
     /// Tells apart a message that never existed, one already acked and a lease that lapsed.
     fn explain_not_leased(&self, kind: SettleKind, id: &DeliveryId, text: String) -> SettleOutcome {
         let reader = &self.readers[id.shard as usize];
-        let record = match reader.producer(&id.queue, &id.producer) {
-            Ok(record) => record,
+        let ever_committed = match reader.producer(&id.queue, &id.producer) {
+            Ok(record) => record.is_some_and(|r| id.sequence < r.tail),
             Err(error) => {
                 return outcome(
                     text,
@@ -338,29 +338,26 @@ impl Dispatcher {
                 );
             }
         };
-        let Some(record) = record.filter(|r| id.sequence < r.tail) else {
+        if !ever_committed {
             return outcome(
                 text,
                 Code::NotFound,
                 "no such delivery: that message does not exist".into(),
             );
-        };
+        }
         match (reader.message(&id.queue, &id.producer, id.sequence), kind) {
             (Ok(None), SettleKind::Ack) => outcome(text, Code::Ok, "already acked".into()),
             (Ok(None), SettleKind::Nack) => {
                 outcome(text, Code::FailedPrecondition, "already acked".into())
             }
-            (Ok(Some(_)), _) => {
-                let _ = record;
-                outcome(
-                    text,
-                    Code::FailedPrecondition,
-                    format!(
-                        "attempt {} of this message is not leased: its lease expired or it was settled",
-                        id.attempt
-                    ),
-                )
-            }
+            (Ok(Some(_)), _) => outcome(
+                text,
+                Code::FailedPrecondition,
+                format!(
+                    "attempt {} of this message is not leased: its lease expired or it was settled",
+                    id.attempt
+                ),
+            ),
             (Err(error), _) => outcome(
                 text,
                 Code::Unavailable,
