@@ -347,6 +347,37 @@ async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
     assert_eq!(response.sequences, vec![0]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_hangs_on_an_open_consume_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("node");
+    let mut node = FloretProcess::start(&data_dir, &[]);
+    let client = node.client();
+    client
+        .produce("default", "p", vec![message("p", 0), message("p", 1)])
+        .await
+        .unwrap();
+    let mut consumer = client.consume("default", 1).await.unwrap();
+    let Some(ConsumerEvent::Delivery(held)) = consumer.next().await.unwrap() else {
+        panic!("no delivery")
+    };
+
+    node.terminate();
+    let status = node
+        .wait_exit(Duration::from_secs(30))
+        .expect("node exits after SIGTERM despite the open stream");
+    assert!(status.success(), "graceful shutdown failed: {status}");
+
+    let node = FloretProcess::start(&data_dir, &[]);
+    let deliveries = consume_until(&node.client(), 8, |d| d.len() == 2).await;
+    let sequences: Vec<_> = deliveries.iter().map(|d| d.sequence).collect();
+    assert_eq!(
+        sequences,
+        vec![held.sequence, 1],
+        "the unacked message comes back first, nothing is lost"
+    );
+}
+
 #[test]
 fn foreign_or_busy_data_dir_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -86,6 +86,15 @@ impl FloretProcess {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM: asks for a graceful shutdown.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
     /// Waits for the process to exit by itself, up to `deadline`.
     pub fn wait_exit(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
         let until = Instant::now() + deadline;

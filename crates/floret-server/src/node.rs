@@ -36,6 +36,9 @@ use crate::service::floret::FloretService;
 const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
 /// TCP keepalive on accepted sockets.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// How long shutdown waits for open calls (consume streams never end by
+/// themselves) before closing them; their leases come back on restart.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Concurrent streams per connection, so one client cannot pin unbounded resources.
 const MAX_CONCURRENT_STREAMS: u32 = 1_024;
 
@@ -223,8 +226,17 @@ impl Node {
             .set_service_status("", ServingStatus::NotServing)
             .await;
         let _already_stopped = self.stop_server.send(());
-        if let Err(error) = self.server.await {
-            tracing::warn!(%error, "gRPC server task did not end cleanly");
+        let server_abort = self.server.abort_handle();
+        match tokio::time::timeout(DRAIN_TIMEOUT, self.server).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "gRPC server task did not end cleanly"),
+            Err(_) => {
+                tracing::warn!(
+                    ?DRAIN_TIMEOUT,
+                    "calls still open after the drain timeout; closing them"
+                );
+                server_abort.abort();
+            }
         }
         self.shards.shutdown().await;
         for watcher in &self.watchers {
