@@ -106,7 +106,7 @@ impl Shards {
         for shard in 0..shard_count {
             let trees = |source| ShardsError::Trees { shard, source };
             let raft_error = |reason: String| ShardsError::Raft { shard, reason };
-            let log_store = database.log_store(shard).map_err(trees)?;
+            let log_store = database.log_store(shard);
             let state_machine = database
                 .state_machine(shard, Some(events.clone()))
                 .map_err(trees)?;

@@ -1,20 +1,26 @@
-//! Opening a node's data dir: one sled database for every shard, a format
-//! marker that tells a floret data dir from anything else, and clear errors
-//! when the dir is foreign or already in use by another node.
+//! Opening a node's data dir: the raft log of every shard (`raft-log/`,
+//! see [`crate::wal`]), one sled database for every shard's state machine
+//! (`sled/`), a format marker that tells a floret data dir from anything
+//! else, and clear errors when the dir is foreign, damaged or already in use
+//! by another node.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use crate::durability::StateMachineDurability;
 use crate::flusher::Flusher;
 use crate::log_store::LogStore;
 use crate::state_machine::{AppliedListener, StateMachine};
 use crate::types::ShardId;
+use crate::wal::Wal;
 
 /// Name of the marker file written into every floret data dir.
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// sled's page cache: large enough for the hot tail of every backlog, small
 /// enough that the backlog itself stays on disk (sled's own default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -69,10 +75,12 @@ pub enum OpenError {
     },
 }
 
-/// A node's open data dir: the sled database and its flusher.
+/// A node's open data dir: the raft log, the sled database and the flusher.
 pub struct Database {
     db: sled::Db,
     dir: PathBuf,
+    wal: Arc<Wal>,
+    state_machines: StateMachineDurability,
     flusher: Flusher,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -108,18 +116,29 @@ impl Database {
                 sled::Error::Io(source) => io_error(source),
                 other => io_error(io::Error::other(other)),
             })?;
-        let (flusher, flusher_thread) = Flusher::start(db.clone(), &sled_dir).map_err(io_error)?;
+        let state_machines =
+            StateMachineDurability::new(db.clone(), &sled_dir).map_err(io_error)?;
+        let wal = Arc::new(Wal::open(&dir.join("raft-log")).map_err(io_error)?);
+        let log = wal.clone();
+        let (flusher, flusher_thread) = Flusher::start(move || log.sync()).map_err(io_error)?;
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
+            wal,
+            state_machines,
             flusher,
             flusher_thread: Some(flusher_thread),
         })
     }
 
     /// Log storage of one shard.
-    pub fn log_store(&self, shard: ShardId) -> Result<LogStore, sled::Error> {
-        LogStore::open(&self.db, shard, self.flusher.clone())
+    pub fn log_store(&self, shard: ShardId) -> LogStore {
+        LogStore::new(
+            shard,
+            self.wal.clone(),
+            self.flusher.clone(),
+            self.state_machines.clone(),
+        )
     }
 
     /// State machine of one shard, reporting what it applies to `events`.
@@ -131,9 +150,13 @@ impl Database {
         StateMachine::open(&self.db, shard, &self.dir.join("snapshots"), events)
     }
 
-    /// Waits until everything written so far is durable.
+    /// Waits until everything written so far, log and state machines, is durable.
     pub async fn sync(&self) -> io::Result<()> {
-        self.flusher.sync().await
+        self.flusher.sync().await?;
+        let state_machines = self.state_machines.clone();
+        tokio::task::spawn_blocking(move || state_machines.sync())
+            .await
+            .map_err(io::Error::other)?
     }
 
     /// Records the shard count on first use and refuses a different one later:

@@ -1,24 +1,13 @@
-//! Group commit for the whole node: one OS thread makes the sled database
-//! durable for every pending log append of every shard at once.
+//! Group commit for the whole node: one OS thread makes the raft log
+//! durable for every pending append of every shard with one sync call.
 //!
 //! openraft 0.9 waits for each append's flush within a group, so the only way
-//! to amortise the fsync is across groups (and across the produces folded
-//! into each entry). A waiter is completed only after the data is on disk:
-//! sled's `flush()` writes its buffers but on Linux only calls
-//! `sync_file_range`, which commits neither the drive's cache nor the file's
-//! new size, so the flusher follows it with `fdatasync` of the database file,
-//! of every blob file sled wrote for large values, and of the folders that
-//! gained entries.
-//!
-//! IMPLEMENTATION CAVEATS
-//! - sled's own `snap.*` recovery hints are not synced: sled rebuilds them from
-//!   its log on start.
+//! to amortise the sync is across groups (and across the produces folded into
+//! each entry). A waiter is completed only after the sync returned; a failed
+//! sync completes every waiter with the error (an append callback that is
+//! never completed would hang its group forever).
 
-use std::collections::HashSet;
-use std::ffi::OsString;
-use std::fs::File;
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread;
 
@@ -38,10 +27,12 @@ enum FlushRequest {
 }
 
 impl Flusher {
-    /// Starts the flusher thread for `db`, whose files live in `dir`.
-    /// The thread ends when every handle is dropped or [`Flusher::stop`] is called.
-    pub fn start(db: sled::Db, dir: &Path) -> io::Result<(Self, thread::JoinHandle<()>)> {
-        let mut files = DurableFiles::open(dir)?;
+    /// Starts the flusher thread around `sync`, which makes every write made
+    /// before it was called durable. The thread ends when every handle is
+    /// dropped or [`Flusher::stop`] is called.
+    pub fn start(
+        mut sync: impl FnMut() -> io::Result<()> + Send + 'static,
+    ) -> io::Result<(Self, thread::JoinHandle<()>)> {
         let (waiters, pending) = mpsc::channel::<FlushRequest>();
         let thread = thread::Builder::new()
             .name("floret-flusher".into())
@@ -56,11 +47,7 @@ impl Flusher {
                             FlushRequest::Stop => stopping = true,
                         }
                     }
-                    let result = db
-                        .flush()
-                        .map(drop)
-                        .map_err(io::Error::other)
-                        .and_then(|()| files.sync());
+                    let result = sync();
                     metrics::counter!("floret_store_syncs_total").increment(1);
                     metrics::histogram!("floret_store_sync_waiters").record(batch.len() as f64);
                     if let Err(error) = &result {
@@ -104,60 +91,5 @@ fn clone_result(result: &io::Result<()>) -> io::Result<()> {
     match result {
         Ok(()) => Ok(()),
         Err(error) => Err(io::Error::new(error.kind(), error.to_string())),
-    }
-}
-
-/// The files of a sled database that must reach the disk before an append is durable.
-struct DurableFiles {
-    dir: PathBuf,
-    db_file: File,
-    blobs_dir: PathBuf,
-    synced_blobs: HashSet<OsString>,
-}
-
-impl DurableFiles {
-    fn open(dir: &Path) -> io::Result<Self> {
-        let db_file = File::open(dir.join("db"))?;
-        File::open(dir)?.sync_all()?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            db_file,
-            blobs_dir: dir.join("blobs"),
-            synced_blobs: HashSet::new(),
-        })
-    }
-
-    fn sync(&mut self) -> io::Result<()> {
-        self.db_file.sync_data()?;
-        self.sync_new_blobs()
-    }
-
-    /// Blobs hold values too large for a page; sled never syncs them itself.
-    fn sync_new_blobs(&mut self) -> io::Result<()> {
-        let entries = match std::fs::read_dir(&self.blobs_dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        let mut present = HashSet::new();
-        let mut synced_any = false;
-        for entry in entries {
-            let name = entry?.file_name();
-            if !self.synced_blobs.contains(&name) {
-                match File::open(self.blobs_dir.join(&name)) {
-                    Ok(file) => file.sync_data()?,
-                    Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
-                    Err(error) => return Err(error),
-                }
-                synced_any = true;
-            }
-            present.insert(name);
-        }
-        if synced_any {
-            File::open(&self.blobs_dir)?.sync_all()?;
-            File::open(&self.dir)?.sync_all()?;
-        }
-        self.synced_blobs = present;
-        Ok(())
     }
 }

@@ -2,10 +2,11 @@
 //! machine on one sled database per node.
 //!
 //! A node opens its data dir with [`Database::open`], then asks it for each
-//! shard's [`LogStore`] and [`StateMachine`]. Log appends are made durable by
-//! the node's single [`Flusher`] thread (group commit across shards, with a
-//! real `fdatasync`); the state machine keeps each producer's messages keyed
-//! by `(queue, producer, sequence)` and only counters per producer, so memory
+//! shard's [`LogStore`] and [`StateMachine`]. Every shard's log lives in one
+//! write-ahead log ([`wal`]) whose appends the node's single [`Flusher`]
+//! thread makes durable with one `fdatasync` for all shards (group commit);
+//! the state machines live in sled, keep each producer's messages keyed by
+//! `(queue, producer, sequence)` and only counters per producer, so memory
 //! never holds the backlog.
 //!
 //! IMPLEMENTATION CAVEATS
@@ -18,6 +19,7 @@
 )]
 
 mod database;
+mod durability;
 mod flusher;
 pub mod keys;
 mod log_store;
@@ -27,6 +29,7 @@ mod snapshot;
 mod state_machine;
 mod storage_error;
 mod types;
+pub mod wal;
 
 pub use database::{DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError};
 pub use flusher::{FlushWaiter, Flusher};

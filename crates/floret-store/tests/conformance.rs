@@ -1,4 +1,4 @@
-//! openraft's own storage conformance suite, run against the sled store.
+//! openraft's own storage conformance suite, run against the WAL log store and the sled state machine.
 
 use floret_store::{Database, LogStore, StateMachine, StorageError, TypeConfig};
 use openraft::StorageIOError;
@@ -16,14 +16,14 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, (TempDir, Database)> for S
         };
         let dir = TempDir::new().map_err(|e| failed(&e))?;
         let database = Database::open(dir.path()).map_err(|e| failed(&e))?;
-        let log = database.log_store(0).map_err(|e| failed(&e))?;
+        let log = database.log_store(0);
         let state_machine = database.state_machine(0, None).map_err(|e| failed(&e))?;
         Ok(((dir, database), log, state_machine))
     }
 }
 
 #[test]
-fn sled_store_passes_openraft_storage_suite() {
+fn wal_and_sled_store_pass_openraft_storage_suite() {
     if let Err(error) = Suite::test_all(SledStoreBuilder) {
         panic!("storage suite failed: {error}");
     }
