@@ -378,6 +378,63 @@ async fn shutdown_hangs_on_an_open_consume_stream() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_grpc_tools_cannot_see_health_or_services() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for service in ["", "floret.v1.Floret", "floret.v1.Admin"] {
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            health.status(),
+            ServingStatus::Serving,
+            "health of {service:?}"
+        );
+    }
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        responses.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("reflection did not list services");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in [
+        "floret.v1.Floret",
+        "floret.v1.Admin",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+}
+
 #[test]
 fn foreign_or_busy_data_dir_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();

@@ -135,6 +135,7 @@ impl Node {
             .await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(floret_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| NodeError::Reflection(e.to_string()))?;
         let floret = FloretServer::new(FloretService::new(
