@@ -1,21 +1,23 @@
 //! The dispatcher task: applies commands to the queues and pumps deliveries
-//! to consumers with credit.
+//! to consumers with credit. Settling lives in `settle.rs`, leadership
+//! changes in `leadership.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use floret_sched::{SchedulerConfig, SettleError};
-use floret_store::{AppliedEvent, MessageRef, ShardId, ShardReader};
+use floret_sched::SchedulerConfig;
+use floret_store::{AppliedEvent, ShardReader};
 use tokio::sync::mpsc;
-use tonic::Code;
 
 use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
 use super::{
     ConsumerEvent, ConsumerId, Delivered, DispatcherCommand, DispatcherHandle, QueueActivity,
-    SettleKind, SettleOutcome,
 };
 use crate::delivery_id::DeliveryId;
+
+mod leadership;
+mod settle;
 
 /// Commands handled in one go before the loop checks its lease timer again.
 const COMMANDS_PER_TURN: usize = 256;
@@ -246,126 +248,6 @@ impl Dispatcher {
         }
     }
 
-    fn settle(&mut self, kind: SettleKind, id: Result<DeliveryId, String>) -> SettleOutcome {
-        let id = match id {
-            Ok(id) => id,
-            Err(text) => {
-                return outcome(
-                    text.clone(),
-                    Code::InvalidArgument,
-                    format!("malformed delivery id {text:?}"),
-                );
-            }
-        };
-        let text = id.to_string();
-        let shard = id.shard as usize;
-        if shard >= self.readers.len() {
-            return outcome(text, Code::NotFound, format!("no shard {}", id.shard));
-        }
-        if !self.led[shard] {
-            return outcome(
-                text,
-                Code::FailedPrecondition,
-                format!(
-                    "this node no longer leads shard {}: the lease was lost",
-                    id.shard
-                ),
-            );
-        }
-        let key = ProducerKey {
-            shard: id.shard,
-            producer: id.producer.as_str().into(),
-        };
-        let lease = LeaseKey {
-            producer: key.clone(),
-            sequence: id.sequence,
-            attempt: id.attempt,
-        };
-        let queue_name: Arc<str> = id.queue.as_str().into();
-        let settled = match self.queues.get_mut(&queue_name) {
-            Some(queue) => match kind {
-                SettleKind::Ack => queue.scheduler.ack(&key, id.sequence, id.attempt),
-                SettleKind::Nack => queue.scheduler.nack(&key, id.sequence, id.attempt),
-            },
-            None => Err(SettleError::NotLeased),
-        };
-        match settled {
-            Ok(()) => {
-                let queue = self
-                    .queues
-                    .get_mut(&queue_name)
-                    .expect("settled in this queue");
-                if let Some(holder) = queue.holders.remove(&lease)
-                    && let Some(consumer) = self.consumers.get_mut(&holder)
-                {
-                    consumer.held.remove(&lease);
-                }
-                match kind {
-                    SettleKind::Ack => {
-                        queue.acked += 1;
-                        let removal = MessageRef {
-                            queue: id.queue,
-                            producer: id.producer,
-                            sequence: id.sequence,
-                        };
-                        SettleOutcome {
-                            delivery_id: text,
-                            code: Code::Ok,
-                            message: String::new(),
-                            removal: Some(removal),
-                        }
-                    }
-                    SettleKind::Nack => {
-                        self.pump(&queue_name);
-                        outcome(text, Code::Ok, String::new())
-                    }
-                }
-            }
-            Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
-        }
-    }
-
-    /// Tells apart a message that never existed, one already acked and a lease that lapsed.
-    fn explain_not_leased(&self, kind: SettleKind, id: &DeliveryId, text: String) -> SettleOutcome {
-        let reader = &self.readers[id.shard as usize];
-        let ever_committed = match reader.producer(&id.queue, &id.producer) {
-            Ok(record) => record.is_some_and(|r| id.sequence < r.tail),
-            Err(error) => {
-                return outcome(
-                    text,
-                    Code::Unavailable,
-                    format!("cannot read the shard: {error}"),
-                );
-            }
-        };
-        if !ever_committed {
-            return outcome(
-                text,
-                Code::NotFound,
-                "no such delivery: that message does not exist".into(),
-            );
-        }
-        match (reader.message(&id.queue, &id.producer, id.sequence), kind) {
-            (Ok(None), SettleKind::Ack) => outcome(text, Code::Ok, "already acked".into()),
-            (Ok(None), SettleKind::Nack) => {
-                outcome(text, Code::FailedPrecondition, "already acked".into())
-            }
-            (Ok(Some(_)), _) => outcome(
-                text,
-                Code::FailedPrecondition,
-                format!(
-                    "attempt {} of this message is not leased: its lease expired or it was settled",
-                    id.attempt
-                ),
-            ),
-            (Err(error), _) => outcome(
-                text,
-                Code::Unavailable,
-                format!("cannot read the shard: {error}"),
-            ),
-        }
-    }
-
     fn remove_consumer(&mut self, consumer_id: ConsumerId) {
         let Some(consumer) = self.consumers.remove(&consumer_id) else {
             return;
@@ -382,72 +264,6 @@ impl Dispatcher {
                     .nack(&lease.producer, lease.sequence, lease.attempt);
         }
         self.pump(&consumer.queue);
-    }
-
-    /// Loads every producer with stored messages of a shard this node now leads.
-    fn rebuild_shard(&mut self, shard: ShardId) {
-        let reader = self.readers[shard as usize].clone();
-        let mut touched = HashSet::new();
-        for entry in reader.producers() {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(error) => {
-                    tracing::error!(shard, %error, "cannot read producers to rebuild the dispatcher");
-                    return;
-                }
-            };
-            if entry.record.messages == 0 {
-                continue;
-            }
-            let first =
-                match reader.oldest_message(&entry.queue, &entry.producer, entry.record.head) {
-                    Ok(Some((sequence, _))) => sequence,
-                    Ok(None) => continue,
-                    Err(error) => {
-                        tracing::error!(shard, %error, "cannot read a producer's oldest message");
-                        continue;
-                    }
-                };
-            let queue: Arc<str> = entry.queue.into();
-            let key = ProducerKey {
-                shard,
-                producer: entry.producer.into(),
-            };
-            self.queue(&queue)
-                .scheduler
-                .enqueued(&key, first..entry.record.tail);
-            touched.insert(queue);
-        }
-        tracing::info!(
-            shard,
-            queues = touched.len(),
-            "leading shard; dispatcher rebuilt from its state"
-        );
-        for queue in touched {
-            self.pump(&queue);
-        }
-    }
-
-    /// Drops everything of a shard this node no longer leads.
-    fn forget_shard(&mut self, shard: ShardId) {
-        let reader = self.readers[shard as usize].clone();
-        for entry in reader.producers().flatten() {
-            let key = ProducerKey {
-                shard,
-                producer: entry.producer.into(),
-            };
-            if let Some(queue) = self.queues.get_mut(entry.queue.as_str()) {
-                queue.scheduler.forget(&key);
-            }
-        }
-        for queue in self.queues.values_mut() {
-            queue
-                .holders
-                .retain(|lease, _| lease.producer.shard != shard);
-        }
-        for consumer in self.consumers.values_mut() {
-            consumer.held.retain(|lease| lease.producer.shard != shard);
-        }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -493,15 +309,6 @@ impl Dispatcher {
                 (name.to_string(), activity)
             })
             .collect()
-    }
-}
-
-fn outcome(delivery_id: String, code: Code, message: String) -> SettleOutcome {
-    SettleOutcome {
-        delivery_id,
-        code,
-        message,
-        removal: None,
     }
 }
 
