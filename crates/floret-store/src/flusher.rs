@@ -51,10 +51,17 @@ impl Flusher {
                     metrics::counter!("floret_store_syncs_total").increment(1);
                     metrics::histogram!("floret_store_sync_waiters").record(batch.len() as f64);
                     if let Err(error) = &result {
-                        tracing::error!(%error, "sync of the database failed");
+                        tracing::error!(%error, "sync of the raft log failed");
                     }
                     for waiter in batch {
                         waiter(clone_result(&result));
+                    }
+                }
+                for request in pending.try_iter() {
+                    if let FlushRequest::Sync(waiter) = request {
+                        waiter(Err(io::Error::other(
+                            "the flusher stopped before this sync",
+                        )));
                     }
                 }
             })?;

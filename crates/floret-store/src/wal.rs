@@ -17,10 +17,11 @@
 //! shard has purged them. Memory holds one location per live entry, never
 //! an entry itself.
 //!
-//! Recovery reads every segment in order. A frame cut short or failing its
-//! checksum at the end of the last segment is a torn write: it is cut off.
-//! Anywhere else it is corruption, and opening fails rather than serve a log
-//! with a hole.
+//! Recovery reads every segment in order. A frame cut short, or the very
+//! last frame of the last segment failing its checksum, is a torn write: it
+//! is cut off. Any other bad frame is corruption, and opening fails rather
+//! than serve a log with a hole. A write or sync that fails while running
+//! stops the log for good (see `WalState::failed`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -98,6 +99,11 @@ struct WalState {
     active: Segment,
     sealed: BTreeMap<u64, Arc<File>>,
     shards: HashMap<ShardId, ShardLog>,
+    /// Set by a write or sync that failed: after it nothing in the file can be
+    /// trusted to be where the index says, or to be on disk (a failed
+    /// `fdatasync` may drop dirty pages and a retry would then succeed), so
+    /// every later call fails until the node restarts and recovers.
+    failed: Option<String>,
 }
 
 /// The log of every shard of a node.
@@ -185,6 +191,7 @@ impl Wal {
                 active,
                 sealed,
                 shards,
+                failed: None,
             }),
         })
     }
@@ -342,8 +349,14 @@ impl Wal {
 
     /// Makes everything appended so far durable.
     pub fn sync(&self) -> io::Result<()> {
-        let active = self.lock().active.file.clone();
-        active.sync_data()
+        let active = {
+            let state = self.lock();
+            state.check()?;
+            state.active.file.clone()
+        };
+        active.sync_data().inspect_err(|error| {
+            self.lock().failed = Some(format!("fdatasync failed: {error}"));
+        })
     }
 
     /// Starts a new segment once the active one is full: the old one is
@@ -374,8 +387,29 @@ impl Wal {
 }
 
 impl WalState {
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(reason) => Err(io::Error::other(format!(
+                "the raft log stopped after an I/O failure ({reason}); restart the node"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends whole frames; a failed write is cut back off so the file never
+    /// holds a partial frame while the node runs, and the log stops.
     fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        (&*self.active.file).write_all(bytes)?;
+        self.check()?;
+        if let Err(error) = (&*self.active.file).write_all(bytes) {
+            let cut = self.active.file.set_len(self.active.len);
+            self.failed = Some(match cut {
+                Ok(()) => format!("write failed: {error}"),
+                Err(cut_error) => {
+                    format!("write failed: {error}; cutting the partial frame failed: {cut_error}")
+                }
+            });
+            return Err(error);
+        }
         self.active.len += bytes.len() as u64;
         Ok(())
     }
@@ -413,8 +447,8 @@ fn replay_segment(
     let bytes = fs::read(path)?;
     let mut offset = 0usize;
     while offset < bytes.len() {
-        let corrupt = |reason: String| -> io::Result<u64> {
-            if is_last {
+        let corrupt = |reason: String, at_tail: bool| -> io::Result<u64> {
+            if is_last && at_tail {
                 tracing::warn!(path = %path.display(), offset, %reason, "cutting a torn write off the raft log");
                 Ok(offset as u64)
             } else {
@@ -429,19 +463,22 @@ fn replay_segment(
             }
         };
         let Some(header) = bytes.get(offset..offset + FRAME_HEADER) else {
-            return corrupt("frame header cut short".into());
+            return corrupt("frame header cut short".into(), true);
         };
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
         let Some(body) = bytes.get(offset + FRAME_HEADER..offset + FRAME_HEADER + len) else {
-            return corrupt(format!("frame of {len} bytes cut short"));
+            return corrupt(format!("frame of {len} bytes cut short"), true);
         };
+        // Only the very last frame can be a torn write; a bad frame with
+        // frames after it is damage, and cutting there would drop synced data.
+        let is_last_frame = offset + FRAME_HEADER + len == bytes.len();
         if crc32fast::hash(body) != crc {
-            return corrupt("checksum mismatch".into());
+            return corrupt("checksum mismatch".into(), is_last_frame);
         }
         let record: Record = match decode("raft log record", body) {
             Ok(record) => record,
-            Err(error) => return corrupt(error.to_string()),
+            Err(error) => return corrupt(error.to_string(), is_last_frame),
         };
         let frame_len = (FRAME_HEADER + len) as u32;
         match record {
@@ -567,6 +604,23 @@ mod tests {
         assert_eq!(wal.log_state(0), (Some(log_id(18)), Some(log_id(19))));
         assert_eq!(wal.log_state(1), (Some(log_id(2)), Some(log_id(2))));
         assert_eq!(wal.read(0, ..).unwrap(), vec![vec![19; 100]]);
+    }
+
+    #[test]
+    fn bit_flip_before_the_last_frame_of_the_active_segment_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let wal = Wal::open(dir.path()).unwrap();
+            append(&wal, 0, 1..4);
+        }
+        let active = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&active).unwrap();
+        bytes[20] ^= 0x40;
+        fs::write(&active, bytes).unwrap();
+        let error = Wal::open(dir.path())
+            .err()
+            .expect("synced entries after the damage must not be dropped");
+        assert!(error.to_string().contains("is corrupt"), "{error}");
     }
 
     #[test]
