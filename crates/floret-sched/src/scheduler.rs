@@ -140,6 +140,16 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         })
     }
 
+    /// Whether `(producer, sequence, attempt)` holds a live lease. Lets a
+    /// caller make an ack durable elsewhere before it releases the lease with
+    /// [`Self::ack`], so a failed removal leaves the message to expire and
+    /// come back.
+    pub fn is_leased(&self, producer: &K, sequence: u64, attempt: u32) -> bool {
+        self.slots
+            .by_key(producer)
+            .is_some_and(|slot| slot.holds_lease(sequence, attempt))
+    }
+
     /// The consumer processed the message: its lease is dropped.
     /// [`SettleError::NotLeased`] if `(producer, sequence, attempt)` holds no
     /// live lease (expired, nacked, already acked, or another attempt). A lease

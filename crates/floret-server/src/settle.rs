@@ -1,9 +1,10 @@
-//! Settling deliveries end to end: the dispatcher drops (ack) or returns
-//! (nack) the lease, then acked messages are removed through raft, one
-//! `Remove` per shard (the proposer folds concurrent acks into shared
-//! entries). An ack is answered OK only once its removal is committed, so
-//! an acked message is never delivered again; if the removal cannot commit,
-//! the ack is answered UNAVAILABLE and the message may come back.
+//! Settling deliveries end to end: the dispatcher returns the lease of a
+//! nack at once, and checks the lease of an ack; acked messages are then
+//! removed through raft, one `Remove` per shard (the proposer folds
+//! concurrent acks into shared entries), and only once that commits does the
+//! lease end and the ack get OK, so an acked message is never delivered
+//! again. If the removal cannot commit, the ack is answered UNAVAILABLE and
+//! the lease is left to lapse, so the message comes back.
 
 use std::collections::BTreeMap;
 
@@ -42,15 +43,17 @@ impl Settler {
             .collect();
         let mut outcomes = self.dispatcher.settle(kind, parsed).await?;
         let mut removals: BTreeMap<ShardId, (Vec<_>, Vec<usize>)> = BTreeMap::new();
+        let mut acked: Vec<Option<DeliveryId>> = vec![None; outcomes.len()];
         for (index, outcome) in outcomes.iter_mut().enumerate() {
             if let Some(removal) = outcome.removal.take() {
-                let shard: DeliveryId = outcome
+                let id: DeliveryId = outcome
                     .delivery_id
                     .parse()
                     .expect("the dispatcher only removes parsed ids");
-                let (messages, indexes) = removals.entry(shard.shard).or_default();
+                let (messages, indexes) = removals.entry(id.shard).or_default();
                 messages.push(removal);
                 indexes.push(index);
+                acked[index] = Some(id);
             }
         }
         let committed = futures::future::join_all(removals.into_iter().map(
@@ -64,15 +67,22 @@ impl Settler {
             },
         ))
         .await;
+        let mut durable = Vec::new();
         for (indexes, result) in committed {
-            if let Err(error) = result {
-                for index in indexes {
-                    outcomes[index].code = Code::Unavailable;
-                    outcomes[index].message = format!(
-                        "the ack was not made durable ({error}); the message may be delivered again"
-                    );
+            match result {
+                Ok(_) => durable.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
+                Err(error) => {
+                    for index in indexes {
+                        outcomes[index].code = Code::Unavailable;
+                        outcomes[index].message = format!(
+                            "the ack was not made durable ({error}); the message will be delivered again"
+                        );
+                    }
                 }
             }
+        }
+        if !durable.is_empty() {
+            self.dispatcher.ack_committed(durable);
         }
         Ok(outcomes)
     }

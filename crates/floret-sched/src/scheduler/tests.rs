@@ -452,3 +452,17 @@ fn scheduler_takes_the_servers_arc_str_keys() {
     assert_eq!(&*dispatch.producer, "tenant-1");
     assert_eq!(scheduler.ack(&producer, 1, 1), Ok(()));
 }
+
+#[test]
+fn lease_check_does_not_settle_the_lease() {
+    let now = Instant::now();
+    let mut scheduler: Scheduler<&str> = Scheduler::new(SchedulerConfig::default());
+    scheduler.enqueued(&"p", 0..1);
+    let dispatch = scheduler.next(now).unwrap();
+    assert!(scheduler.is_leased(&"p", 0, dispatch.attempt));
+    assert!(!scheduler.is_leased(&"p", 0, dispatch.attempt + 1));
+    assert!(!scheduler.is_leased(&"q", 0, 1));
+    assert_eq!(scheduler.in_flight(), 1);
+    scheduler.ack(&"p", 0, dispatch.attempt).unwrap();
+    assert!(!scheduler.is_leased(&"p", 0, dispatch.attempt));
+}

@@ -160,6 +160,11 @@ impl Dispatcher {
                 let outcomes = ids.into_iter().map(|id| self.settle(kind, id)).collect();
                 let _caller_gone = reply.send(outcomes);
             }
+            DispatcherCommand::AckCommitted { ids } => {
+                for id in &ids {
+                    self.ack_committed(id);
+                }
+            }
             DispatcherCommand::ConsumerGone { consumer } => self.remove_consumer(consumer),
             DispatcherCommand::Activity { reply } => {
                 let _caller_gone = reply.send(self.activity());

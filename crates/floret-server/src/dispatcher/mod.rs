@@ -7,8 +7,8 @@
 //! changes, subscriptions, credits, acks and nacks, and its own lease timer.
 //! Payloads are read from the shard's state machine at dispatch; memory holds
 //! counters per backlogged producer and one lease per message in flight.
-//! An ack here only drops the lease; [`crate::settle`] then removes the
-//! message through raft.
+//! An ack is checked against its lease here; [`crate::settle`] then removes
+//! the message through raft and only then ends the lease.
 //!
 //! Ordering matters: state-machine events and consumer commands share one
 //! channel, so an event applied before a rebuild is handled before any ack of
@@ -115,6 +115,9 @@ pub(crate) enum DispatcherCommand {
         ids: Vec<Result<DeliveryId, String>>,
         reply: oneshot::Sender<Vec<SettleOutcome>>,
     },
+    AckCommitted {
+        ids: Vec<DeliveryId>,
+    },
     ConsumerGone {
         consumer: ConsumerId,
     },
@@ -180,6 +183,11 @@ impl DispatcherHandle {
         let (reply, outcomes) = oneshot::channel();
         self.send(DispatcherCommand::Settle { kind, ids, reply })?;
         outcomes.await.map_err(|_| DispatcherStopped)
+    }
+
+    /// These acked deliveries' removals committed: their leases end.
+    pub fn ack_committed(&self, ids: Vec<DeliveryId>) {
+        let _stopping = self.send(DispatcherCommand::AckCommitted { ids });
     }
 
     /// The consumer's stream ended: what it held is delivered again.

@@ -1,5 +1,8 @@
-//! Acks and nacks inside the dispatcher: drop or return the lease, and
-//! explain a refusal (never committed, already acked, or a lapsed lease).
+//! Acks and nacks inside the dispatcher. A nack returns the lease at once.
+//! An ack is checked against the live lease, and the lease ends only when
+//! the removal has committed ([`Dispatcher::ack_committed`]): if the removal
+//! fails, the lease lapses and the message comes back. A refusal is
+//! explained (never committed, already acked, or a lapsed lease).
 
 use std::sync::Arc;
 
@@ -53,46 +56,67 @@ impl Dispatcher {
             attempt: id.attempt,
         };
         let queue_name: Arc<str> = id.queue.as_str().into();
-        let settled = match self.queues.get_mut(&queue_name) {
-            Some(queue) => match kind {
-                SettleKind::Ack => queue.scheduler.ack(&key, id.sequence, id.attempt),
-                SettleKind::Nack => queue.scheduler.nack(&key, id.sequence, id.attempt),
-            },
-            None => Err(SettleError::NotLeased),
+        let Some(queue) = self.queues.get_mut(&queue_name) else {
+            return self.explain_not_leased(kind, &id, text);
         };
-        match settled {
-            Ok(()) => {
-                let queue = self
-                    .queues
-                    .get_mut(&queue_name)
-                    .expect("settled in this queue");
-                if let Some(holder) = queue.holders.remove(&lease)
-                    && let Some(consumer) = self.consumers.get_mut(&holder)
-                {
-                    consumer.held.remove(&lease);
-                }
-                match kind {
-                    SettleKind::Ack => {
-                        queue.acked += 1;
-                        let removal = MessageRef {
-                            queue: id.queue,
-                            producer: id.producer,
-                            sequence: id.sequence,
-                        };
-                        SettleOutcome {
-                            delivery_id: text,
-                            code: Code::Ok,
-                            message: String::new(),
-                            removal: Some(removal),
-                        }
-                    }
-                    SettleKind::Nack => {
-                        self.pump(&queue_name);
-                        outcome(text, Code::Ok, String::new())
-                    }
+        match kind {
+            SettleKind::Ack if queue.scheduler.is_leased(&key, id.sequence, id.attempt) => {
+                let removal = MessageRef {
+                    queue: id.queue,
+                    producer: id.producer,
+                    sequence: id.sequence,
+                };
+                SettleOutcome {
+                    delivery_id: text,
+                    code: Code::Ok,
+                    message: String::new(),
+                    removal: Some(removal),
                 }
             }
-            Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
+            SettleKind::Nack => match queue.scheduler.nack(&key, id.sequence, id.attempt) {
+                Ok(()) => {
+                    self.release_holder(&queue_name, &lease);
+                    self.pump(&queue_name);
+                    outcome(text, Code::Ok, String::new())
+                }
+                Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
+            },
+            SettleKind::Ack => self.explain_not_leased(kind, &id, text),
+        }
+    }
+
+    /// An acked message's removal committed: the lease ends. A lease that
+    /// lapsed in the meantime is already back in the ring; its redelivery
+    /// finds the message gone and is skipped.
+    pub(super) fn ack_committed(&mut self, id: &DeliveryId) {
+        let queue_name: Arc<str> = id.queue.as_str().into();
+        let lease = LeaseKey {
+            producer: ProducerKey {
+                shard: id.shard,
+                producer: id.producer.as_str().into(),
+            },
+            sequence: id.sequence,
+            attempt: id.attempt,
+        };
+        let Some(queue) = self.queues.get_mut(&queue_name) else {
+            return;
+        };
+        if queue
+            .scheduler
+            .ack(&lease.producer, id.sequence, id.attempt)
+            .is_ok()
+        {
+            queue.acked += 1;
+        }
+        self.release_holder(&queue_name, &lease);
+    }
+
+    fn release_holder(&mut self, queue_name: &Arc<str>, lease: &LeaseKey) {
+        if let Some(queue) = self.queues.get_mut(queue_name)
+            && let Some(holder) = queue.holders.remove(lease)
+            && let Some(consumer) = self.consumers.get_mut(&holder)
+        {
+            consumer.held.remove(lease);
         }
     }
 
