@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::keys;
 use crate::reader::ShardReader;
-use crate::records::{AppliedState, ProducedBatch, ProducerRecord, StoredMessage, encode};
+use crate::records::{AppliedState, ProducedBatch, ProducerRecord, StoredMessageRef, encode};
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{
@@ -158,9 +158,9 @@ impl<'a> PendingApply<'a> {
         let count = enqueue.messages.len() as u64;
         let mut values = Vec::with_capacity(enqueue.messages.len());
         for message in &enqueue.messages {
-            let value = encode(&StoredMessage {
-                payload: message.payload.clone(),
-                headers: message.headers.clone(),
+            let value = encode(&StoredMessageRef {
+                payload: &message.payload,
+                headers: &message.headers,
                 enqueued_at_ms: enqueue.enqueued_at_ms,
             });
             record.bytes += value.len() as u64;
