@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use floret_store::{Op, ShardId};
+use floret_store::{MessageRef, Op, ShardId};
 use tonic::Code;
 
 use crate::delivery_id::DeliveryId;
@@ -45,13 +45,13 @@ impl Settler {
         let mut removals: BTreeMap<ShardId, (Vec<_>, Vec<usize>)> = BTreeMap::new();
         let mut acked: Vec<Option<DeliveryId>> = vec![None; outcomes.len()];
         for (index, outcome) in outcomes.iter_mut().enumerate() {
-            if let Some(removal) = outcome.removal.take() {
-                let id: DeliveryId = outcome
-                    .delivery_id
-                    .parse()
-                    .expect("the dispatcher only removes parsed ids");
+            if let Some(id) = outcome.removal.take() {
                 let (messages, indexes) = removals.entry(id.shard).or_default();
-                messages.push(removal);
+                messages.push(MessageRef {
+                    queue: id.queue.clone(),
+                    producer: id.producer.clone(),
+                    sequence: id.sequence,
+                });
                 indexes.push(index);
                 acked[index] = Some(id);
             }

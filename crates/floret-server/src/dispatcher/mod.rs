@@ -27,7 +27,7 @@ mod queue;
 use std::collections::HashMap;
 
 use floret_store::records::StoredMessage;
-use floret_store::{AppliedEvent, MessageRef, ShardId};
+use floret_store::{AppliedEvent, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::delivery_id::DeliveryId;
@@ -64,8 +64,9 @@ pub struct SettleOutcome {
     pub code: tonic::Code,
     /// Why, when not OK.
     pub message: String,
-    /// For a fresh ack: the message to remove through raft before answering.
-    pub removal: Option<MessageRef>,
+    /// For a fresh ack: the delivery whose message must be removed through
+    /// raft before the ack is answered.
+    pub removal: Option<DeliveryId>,
 }
 
 /// What a consumer stream receives from the dispatcher.

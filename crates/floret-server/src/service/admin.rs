@@ -9,14 +9,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use floret_cluster::Shards;
 use floret_proto::v1;
 use floret_store::ProducerEntry;
 use tonic::{Request, Response, Status};
 
-use super::status;
+use super::{now_unix_ms, status};
 use crate::dispatcher::DispatcherHandle;
 use crate::request;
 
@@ -133,10 +132,7 @@ fn durable_producers(
     shards: &Shards,
     queue: Option<&str>,
 ) -> Result<Vec<(ProducerEntry, u64)>, Status> {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
+    let now_ms = now_unix_ms();
     let mut producers = Vec::new();
     for group in shards.groups() {
         for entry in group.reader.producers() {

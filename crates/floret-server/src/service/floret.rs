@@ -6,7 +6,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use floret_cluster::Shards;
 use floret_proto::v1::{self, consume_request};
@@ -16,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{convert, status};
+use super::{convert, now_unix_ms, status};
 use crate::config::Limits;
 use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::proposer::ShardProposer;
@@ -49,13 +48,6 @@ impl FloretService {
             limits,
         }
     }
-}
-
-fn now_unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Stream of responses on a consume call.

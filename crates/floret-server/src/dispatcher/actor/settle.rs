@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use floret_sched::SettleError;
-use floret_store::MessageRef;
 use tonic::Code;
 
 use super::super::queue::{LeaseKey, ProducerKey};
@@ -61,16 +60,11 @@ impl Dispatcher {
         };
         match kind {
             SettleKind::Ack if queue.scheduler.is_leased(&key, id.sequence, id.attempt) => {
-                let removal = MessageRef {
-                    queue: id.queue,
-                    producer: id.producer,
-                    sequence: id.sequence,
-                };
                 SettleOutcome {
                     delivery_id: text,
                     code: Code::Ok,
                     message: String::new(),
-                    removal: Some(removal),
+                    removal: Some(id),
                 }
             }
             SettleKind::Nack => match queue.scheduler.nack(&key, id.sequence, id.attempt) {
