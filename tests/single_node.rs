@@ -223,6 +223,12 @@ async fn unacked_delivery_returns_after_consumer_disconnects_or_lease_expires() 
         (0, 3),
         "lease did not expire"
     );
+    let stats = client.queue_stats("default").await.unwrap();
+    let producer = &stats.queues[0].producers[0];
+    assert_eq!(
+        producer.in_flight, 1,
+        "the lapsed lease still counts as in flight"
+    );
 
     let stale = client
         .ack(vec![redelivery.delivery_id.clone()])

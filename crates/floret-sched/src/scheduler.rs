@@ -179,13 +179,26 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
     /// Makes every lease whose deadline is at or before `now` deliverable
     /// again with attempt + 1. Returns how many expired.
     pub fn expire(&mut self, now: Instant) -> usize {
-        let mut expired = 0;
+        self.expire_leases(now).len()
+    }
+
+    /// Like [`Self::expire`], naming each delivery whose lease expired, so a
+    /// caller that tracks who holds what can forget those leases too.
+    pub fn expire_leases(&mut self, now: Instant) -> Vec<Dispatch<K>> {
+        let mut expired = Vec::new();
         while let Some(lease) = self.lease_heap.pop_due(now) {
+            let Some(producer) = self.slots.get(lease.slot).map(|slot| slot.key.clone()) else {
+                continue;
+            };
             if self
                 .redeliver(lease.slot, lease.sequence, lease.attempt)
                 .is_ok()
             {
-                expired += 1;
+                expired.push(Dispatch {
+                    producer,
+                    sequence: lease.sequence,
+                    attempt: lease.attempt,
+                });
             }
         }
         self.discard_stale_leases();

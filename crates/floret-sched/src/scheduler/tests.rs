@@ -466,3 +466,25 @@ fn lease_check_does_not_settle_the_lease() {
     scheduler.ack(&"p", 0, dispatch.attempt).unwrap();
     assert!(!scheduler.is_leased(&"p", 0, dispatch.attempt));
 }
+
+#[test]
+fn expired_leases_are_named_for_the_caller() {
+    let now = Instant::now();
+    let mut scheduler: Scheduler<&str> = Scheduler::new(SchedulerConfig {
+        default_weight: 1,
+        lease_timeout: Duration::from_secs(1),
+    });
+    scheduler.enqueued(&"p", 0..2);
+    scheduler.next(now).unwrap();
+    scheduler.next(now).unwrap();
+    scheduler.ack(&"p", 1, 1).unwrap();
+    let expired = scheduler.expire_leases(now + Duration::from_secs(1));
+    assert_eq!(
+        expired,
+        vec![Dispatch {
+            producer: "p",
+            sequence: 0,
+            attempt: 1
+        }]
+    );
+}

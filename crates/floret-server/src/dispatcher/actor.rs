@@ -280,15 +280,23 @@ impl Dispatcher {
 
     fn expire_leases(&mut self) {
         let now = Instant::now();
-        let mut expired_queues = Vec::new();
+        let mut expired = Vec::new();
         for (name, queue) in &mut self.queues {
-            let expired = queue.scheduler.expire(now);
-            if expired > 0 {
-                metrics::counter!("floret_lease_expiries_total").increment(expired as u64);
-                expired_queues.push(name.clone());
+            let leases = queue.scheduler.expire_leases(now);
+            if !leases.is_empty() {
+                metrics::counter!("floret_lease_expiries_total").increment(leases.len() as u64);
+                expired.push((name.clone(), leases));
             }
         }
-        for queue in expired_queues {
+        for (queue, leases) in expired {
+            for dispatch in leases {
+                let lease = LeaseKey {
+                    producer: dispatch.producer,
+                    sequence: dispatch.sequence,
+                    attempt: dispatch.attempt,
+                };
+                self.release_holder(&queue, &lease);
+            }
             self.pump(&queue);
         }
     }

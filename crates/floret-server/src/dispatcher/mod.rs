@@ -17,8 +17,6 @@
 //! IMPLEMENTATION CAVEATS
 //! - Leases live in memory: after a restart every unacked message is
 //!   delivered again (attempt numbering starts over).
-//! - A lease that expired stays in its consumer's held set until that
-//!   consumer acks it or disconnects (bounded by what it was given).
 //! - Consumers of a queue get deliveries from this node only (one node).
 
 mod actor;

@@ -105,7 +105,8 @@ impl Dispatcher {
         self.release_holder(&queue_name, &lease);
     }
 
-    fn release_holder(&mut self, queue_name: &Arc<str>, lease: &LeaseKey) {
+    /// Forgets who held `lease` (settled or lapsed).
+    pub(super) fn release_holder(&mut self, queue_name: &Arc<str>, lease: &LeaseKey) {
         if let Some(queue) = self.queues.get_mut(queue_name)
             && let Some(holder) = queue.holders.remove(lease)
             && let Some(consumer) = self.consumers.get_mut(&holder)
