@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = [proto_root.join("floret/v1/floret.proto")];
+    let files = [
+        proto_root.join("floret/v1/floret.proto"),
+        proto_root.join("floret/peer/v1/peer.proto"),
+    ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
     }

@@ -9,7 +9,8 @@ use anyhow::Context;
 use floret_server::{Config, Node};
 use tokio::net::TcpListener;
 
-/// How long a starting node waits for its shards to elect it.
+/// How long a starting node waits for its shards to have leaders (a node
+/// of a cluster keeps waiting, and says so, while its peers are down).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(clap::Args)]
@@ -29,6 +30,12 @@ pub struct ServeArgs {
     /// Number of shards (fixed when the data dir is created).
     #[arg(long)]
     shards: Option<u32>,
+    /// Every member of the cluster, this node included: `1=host:port,2=host:port,...`.
+    #[arg(long)]
+    peers: Option<String>,
+    /// Replicas of each shard.
+    #[arg(long)]
+    replication_factor: Option<usize>,
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -51,6 +58,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(shards) = args.shards {
         config.shards = shards;
     }
+    if let Some(peers) = args.peers {
+        config.peers = floret_server::config::parse_peers(&peers)
+            .map_err(|message| anyhow::anyhow!("--peers: {message}"))?;
+    }
+    if let Some(replication_factor) = args.replication_factor {
+        config.replication_factor = replication_factor;
+    }
     if let Some(metrics_listen) = args.metrics_listen {
         config.metrics_listen = Some(metrics_listen);
     }
@@ -69,7 +83,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let node_id = config.node_id;
     let node = Node::start(config, listener).await?;
-    node.wait_ready(READY_TIMEOUT).await?;
+    loop {
+        match node.wait_ready(READY_TIMEOUT).await {
+            Ok(()) => break,
+            Err(error) if node.has_peers() => {
+                tracing::warn!(%error, "still waiting for shard leaders; are a majority of the peers up?");
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
     println!("floret node {node_id} serving on {}", node.address());
     node.serve_until(shutdown_signal()).await;
     Ok(())

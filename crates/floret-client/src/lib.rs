@@ -5,8 +5,16 @@
 //! (no leader, shutting down) with back-off and never store a batch twice.
 //! [`Client::consume`] opens a [`Consumer`] stream with credits and acks.
 //!
+//! Any node of a cluster takes any call (it forwards to shard leaders), so a
+//! client may be given several nodes' addresses: calls are spread over the
+//! ones that answer, and a produce that hit a node as it died is retried on
+//! another.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - One node address; no routing to shard leaders yet (the cluster will forward).
+//! - No routing to shard leaders in the client: a produce through a
+//!   non-leader costs one more hop inside the cluster.
+//! - A consume stream is bound to one node; when that node dies the stream
+//!   ends and the caller opens a new one.
 
 mod consumer;
 mod retry;
@@ -25,6 +33,9 @@ pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable};
 
 /// Largest response the client accepts: a delivery of a 1 MiB payload plus headers fits easily.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How long connecting to a node may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What can go wrong talking to floret.
 #[derive(Debug, thiserror::Error)]
@@ -54,18 +65,26 @@ pub struct Client {
 }
 
 impl Client {
-    /// A lazily connecting client for `address` (`host:port` or `http://host:port`).
+    /// A lazily connecting client for `address` (`host:port` or
+    /// `http://host:port`), or for several nodes separated by commas. Must
+    /// be called inside a tokio runtime when several are given.
     pub fn connect_lazy(address: &str) -> Result<Self, ClientError> {
-        let uri = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("http://{address}")
+        let endpoints = address
+            .split(',')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+            .map(endpoint)
+            .collect::<Result<Vec<_>, _>>()?;
+        let channel = match endpoints.as_slice() {
+            [] => {
+                return Err(ClientError::InvalidAddress {
+                    address: address.to_owned(),
+                    reason: "no address given".into(),
+                });
+            }
+            [one] => one.connect_lazy(),
+            _ => Channel::balance_list(endpoints.into_iter()),
         };
-        let endpoint = Endpoint::from_shared(uri).map_err(|e| ClientError::InvalidAddress {
-            address: address.to_owned(),
-            reason: e.to_string(),
-        })?;
-        let channel = endpoint.connect_lazy();
         Ok(Self {
             floret: v1::floret_client::FloretClient::new(channel.clone())
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
@@ -160,7 +179,7 @@ impl Client {
         Ok(self
             .admin
             .clone()
-            .cluster_status(v1::ClusterStatusRequest {})
+            .cluster_status(v1::ClusterStatusRequest { local_only: false })
             .await?
             .into_inner())
     }
@@ -172,6 +191,20 @@ impl Client {
         };
         Ok(self.admin.clone().queue_stats(request).await?.into_inner())
     }
+}
+
+/// The endpoint of one node, connecting with a timeout and Nagle off.
+fn endpoint(address: &str) -> Result<Endpoint, ClientError> {
+    let uri = if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    };
+    let endpoint = Endpoint::from_shared(uri).map_err(|e| ClientError::InvalidAddress {
+        address: address.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
 }
 
 /// One producer of one queue, numbering its batches so retries are safe.

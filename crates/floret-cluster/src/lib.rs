@@ -1,17 +1,19 @@
-//! floret's cluster layer: where producers live ([`ShardPlacement`]), the
-//! raft group of every shard ([`Shards`]) and the network between groups.
+//! floret's cluster layer: where producers and shards live (placement), the
+//! members and the channels between them ([`Peers`]), the raft group of every
+//! shard this node holds ([`Shards`]) and the raft network over gRPC.
 //!
-//! The server asks this crate which shard holds a producer and whether this
-//! node leads it, and proposes commands to that shard's raft group.
+//! The server asks this crate which shard holds a producer, which node leads
+//! it, and proposes commands to the raft groups it holds.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - One node only: groups have a single member and the network has no peers.
-//! - No gossip view yet.
+//! - No gossip view yet: leaders are read from this node's own replicas.
 
 mod network;
+mod peers;
 mod placement;
 mod shards;
 
-pub use network::{NoLink, NoPeers};
-pub use placement::{ShardPlacement, VIRTUAL_POINTS_PER_SHARD};
+pub use network::{PeerLink, PeerNetwork, decode, encode};
+pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
+pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};
 pub use shards::{RaftTuning, ShardGroup, Shards, ShardsError};

@@ -1,76 +1,162 @@
-//! The raft network between nodes.
+//! The raft network between nodes: openraft's RPCs carried by the
+//! `floret.peer.v1.Peer` service, one channel per peer shared by every shard.
 //!
-//! Every shard is a one-member group for now, so openraft never sends an RPC:
-//! there is nobody to send it to. The factory still has to exist, and answers
-//! any call with `Unreachable`, which makes openraft back off rather than fail.
+//! A request names its shard and carries the openraft request encoded with
+//! postcard; the answer carries openraft's `Result`, so a remote raft error
+//! comes back as the error it was. A peer that cannot be reached (refused,
+//! timed out, or not serving the shard yet) is `Unreachable`, which makes
+//! openraft back off and retry. Snapshots travel in openraft's chunks
+//! (`RaftTuning::snapshot_chunk_bytes`), never as one message.
+//!
+//! [`encode`] and [`decode`] are shared with the serving side.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No transport between nodes yet: the tonic raft service (one channel per
-//!   peer, shard id in every request, chunked snapshots) comes with the
-//!   three-node cluster.
+//! - Heartbeats are not merged across shards: each group sends its own.
 
-use floret_store::{NodeId, TypeConfig};
+use std::sync::Arc;
+
+use floret_proto::peer::v1::RaftMessage;
+use floret_store::{NodeId, ShardId, TypeConfig};
 use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-/// Network of a node that has no peers.
-#[derive(Debug, Clone, Default)]
-pub struct NoPeers;
+use crate::peers::Peers;
 
-/// The (never connected) link to a peer.
-#[derive(Debug, Clone)]
-pub struct NoLink {
-    target: NodeId,
+/// Encodes an openraft value for the wire.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_stdvec(value).expect("in-memory postcard encoding cannot fail")
 }
 
-impl NoLink {
-    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
+/// Decodes an openraft value from the wire.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    postcard::from_bytes(bytes)
+}
+
+/// Network of one shard's raft group.
+#[derive(Debug, Clone)]
+pub struct PeerNetwork {
+    shard: ShardId,
+    peers: Arc<Peers>,
+}
+
+impl PeerNetwork {
+    /// The network `shard`'s group uses to reach the other members.
+    pub fn new(shard: ShardId, peers: Arc<Peers>) -> Self {
+        Self { shard, peers }
+    }
+}
+
+/// The link of one shard's group to one peer.
+#[derive(Debug, Clone)]
+pub struct PeerLink {
+    shard: ShardId,
+    target: NodeId,
+    peers: Arc<Peers>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerLink;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerLink {
+        PeerLink {
+            shard: self.shard,
+            target,
+            peers: self.peers.clone(),
+        }
+    }
+}
+
+/// Which openraft RPC a call carries.
+#[derive(Debug, Clone, Copy)]
+enum RaftRpc {
+    Vote,
+    AppendEntries,
+    InstallSnapshot,
+}
+
+impl PeerLink {
+    fn unreachable<E: std::error::Error>(&self, why: String) -> RPCError<NodeId, BasicNode, E> {
         let reason = std::io::Error::other(format!(
-            "node {} is not reachable: this node has no peers",
-            self.target
+            "shard {} cannot reach node {}: {why}",
+            self.shard, self.target
         ));
         RPCError::Unreachable(Unreachable::new(&reason))
     }
-}
 
-impl RaftNetworkFactory<TypeConfig> for NoPeers {
-    type Network = NoLink;
-
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> NoLink {
-        NoLink { target }
+    async fn call<Req, Resp, E>(
+        &self,
+        rpc: RaftRpc,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let Some(mut client) = self.peers.peer_client(self.target) else {
+            return Err(self.unreachable("not a member".into()));
+        };
+        let message = RaftMessage {
+            shard_id: self.shard,
+            payload: encode(request),
+        };
+        let call = async {
+            match rpc {
+                RaftRpc::Vote => client.vote(message).await,
+                RaftRpc::AppendEntries => client.append_entries(message).await,
+                RaftRpc::InstallSnapshot => client.install_snapshot(message).await,
+            }
+        };
+        let answer = match tokio::time::timeout(option.hard_ttl(), call).await {
+            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Err(status)) => {
+                return Err(self.unreachable(format!("{}: {}", status.code(), status.message())));
+            }
+            Err(_) => {
+                return Err(self.unreachable(format!("no answer within {:?}", option.hard_ttl())));
+            }
+        };
+        match decode::<Result<Resp, RaftError<NodeId, E>>>(&answer.payload) {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
+            Err(error) => Err(self.unreachable(format!("undecodable answer: {error}"))),
+        }
     }
 }
 
-impl RaftNetwork<TypeConfig> for NoLink {
+impl RaftNetwork<TypeConfig> for PeerLink {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        self.call(RaftRpc::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        Err(self.unreachable())
+        self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        self.call(RaftRpc::Vote, &rpc, &option).await
     }
 }

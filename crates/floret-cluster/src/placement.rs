@@ -1,18 +1,26 @@
-//! Producer -> shard placement by consistent hashing (`hashring`).
+//! Placement by consistent hashing (`hashring`), twice: producer -> shard
+//! ([`ShardPlacement`]) and shard -> replica set ([`ReplicaPlacement`]).
 //!
-//! Every node builds the same ring from the same shard count, so any node
-//! routes any producer without asking anyone. Ring points are virtual
-//! shards (`shard#replica`), and every key is hashed as plain bytes through
-//! hashring's SipHash, which does not change between Rust releases (unlike
-//! `std`'s `Hash` of a struct).
+//! Every node builds the same rings from the same shard count and member
+//! list, so any node routes any request without asking anyone. Ring points
+//! are virtual (`shard#point`, `node#point`), and every key is hashed as
+//! plain bytes through hashring's SipHash, which does not change between
+//! Rust releases (unlike `std`'s `Hash` of a struct).
+//!
+//! A shard's replicas are the first R distinct nodes on the node ring after
+//! the shard's hash. Which of them is the preferred leader is then chosen so
+//! that every node prefers an equal share of shards (hashing alone gave
+//! 7/5/4 of 16 over three nodes): leadership, and with it dispatch work,
+//! spreads evenly.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - The shard count is fixed for the life of a data dir; no shard split yet.
-//! - Replica sets over node ids come with the cluster (one node for now).
+//! - The member list is static configuration: adding a node to a running
+//!   cluster moves replica sets, and no membership change is run for that yet.
 
 use std::hash::{Hash, Hasher};
 
-use floret_store::ShardId;
+use floret_store::{NodeId, ShardId};
 use hashring::HashRing;
 
 /// Ring points per shard: enough that 16 shards get near-equal key shares.
@@ -79,9 +87,128 @@ impl ShardPlacement {
     }
 }
 
+/// Ring points per node.
+const VIRTUAL_POINTS_PER_NODE: u16 = 64;
+
+/// One point of a node on the replica ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct VirtualNode {
+    node: NodeId,
+    point: u16,
+}
+
+impl Hash for VirtualNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        StableBytes(format!("node-{}#{}", self.node, self.point).as_bytes()).hash(state);
+    }
+}
+
+/// Maps each shard to the nodes that hold it, preferred leader first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaPlacement {
+    replicas: Vec<Vec<NodeId>>,
+}
+
+impl ReplicaPlacement {
+    /// Replica sets of `shard_count` shards over `nodes` (not empty), each of
+    /// `replication_factor` nodes, or every node when there are fewer.
+    pub fn new(shard_count: u32, nodes: &[NodeId], replication_factor: usize) -> Self {
+        assert!(!nodes.is_empty(), "a cluster needs at least one node");
+        let mut members = nodes.to_vec();
+        members.sort_unstable();
+        members.dedup();
+        let size = replication_factor.clamp(1, members.len());
+        let mut ring = HashRing::new();
+        ring.batch_add(
+            members
+                .iter()
+                .flat_map(|&node| {
+                    (0..VIRTUAL_POINTS_PER_NODE).map(move |point| VirtualNode { node, point })
+                })
+                .collect(),
+        );
+        let mut preferred_count: std::collections::BTreeMap<NodeId, u32> =
+            members.iter().map(|&node| (node, 0)).collect();
+        let replicas = (0..shard_count)
+            .map(|shard| {
+                let key = format!("shard-{shard}");
+                let walk = ring
+                    .get_with_replicas(&StableBytes(key.as_bytes()), ring.len() - 1)
+                    .expect("the ring holds every node");
+                let mut set: Vec<NodeId> = Vec::with_capacity(size);
+                for point in walk {
+                    if !set.contains(&point.node) {
+                        set.push(point.node);
+                        if set.len() == size {
+                            break;
+                        }
+                    }
+                }
+                let leader_rank = (0..set.len())
+                    .min_by_key(|&rank| (preferred_count[&set[rank]], rank))
+                    .expect("a replica set is never empty");
+                set[..=leader_rank].rotate_right(1);
+                *preferred_count.get_mut(&set[0]).expect("a member") += 1;
+                set
+            })
+            .collect();
+        Self { replicas }
+    }
+
+    /// The nodes holding `shard`, preferred leader first.
+    pub fn replicas(&self, shard: ShardId) -> &[NodeId] {
+        &self.replicas[shard as usize]
+    }
+
+    /// The replica that should lead `shard` while it is healthy.
+    pub fn preferred_leader(&self, shard: ShardId) -> NodeId {
+        self.replicas[shard as usize][0]
+    }
+
+    /// Whether `node` holds a replica of `shard`.
+    pub fn holds(&self, node: NodeId, shard: ShardId) -> bool {
+        self.replicas(shard).contains(&node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn three_nodes_each_hold_every_shard_and_prefer_an_equal_share() {
+        let placement = ReplicaPlacement::new(16, &[1, 2, 3], 3);
+        let mut preferred = [0; 4];
+        for shard in 0..16 {
+            let mut set = placement.replicas(shard).to_vec();
+            preferred[placement.preferred_leader(shard) as usize] += 1;
+            set.sort_unstable();
+            assert_eq!(set, [1, 2, 3]);
+        }
+        assert!(
+            preferred[1..].iter().all(|&n| n == 5 || n == 6),
+            "{preferred:?}"
+        );
+    }
+
+    #[test]
+    fn replica_sets_have_distinct_nodes_and_are_the_same_on_every_node() {
+        let a = ReplicaPlacement::new(32, &[5, 1, 9, 3, 7], 3);
+        let b = ReplicaPlacement::new(32, &[1, 3, 5, 7, 9], 3);
+        assert_eq!(a, b);
+        for shard in 0..32 {
+            let mut set = a.replicas(shard).to_vec();
+            set.sort_unstable();
+            set.dedup();
+            assert_eq!(set.len(), 3);
+        }
+    }
+
+    #[test]
+    fn a_single_node_holds_everything() {
+        let placement = ReplicaPlacement::new(4, &[7], 3);
+        assert!((0..4).all(|shard| placement.replicas(shard) == [7]));
+    }
 
     #[test]
     fn placement_is_the_same_on_every_node() {

@@ -1,23 +1,38 @@
-//! The node's shards: one openraft group per shard, all on the node's one
-//! sled database, created at start and shut down together.
+//! The shards this node holds: one openraft group per shard whose replica
+//! set includes this node, all on the node's one database, created at start
+//! and shut down together; and the bootstrap that founds new groups.
 //!
-//! A data dir that never saw a shard initialises it as a one-member group; a
-//! data dir that did asks the group to elect at once instead of waiting out
-//! the election timeout, so a restarted node serves within a moment.
+//! Bootstrap never founds a group twice. Only a shard's preferred replica
+//! initialises it, and only once every other replica has answered that its
+//! own replica was never initialised either. So three nodes started together
+//! on empty data dirs form the cluster; a node restarted on an existing
+//! data dir simply rejoins; and a node whose data dir was wiped hears from
+//! the others that the shard exists and waits for its leader to send the
+//! log or a snapshot. Until every other replica answers, the preferred
+//! replica keeps asking (a group cannot form without a majority anyway).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Every group has exactly this node as member; membership changes and
-//!   replica sets come with the cluster.
+//! - A node restarted with a wiped data dir has forgotten its votes; if it
+//!   votes again in a term it voted in before, that term could see two
+//!   candidates win. Raft itself assumes stable storage here.
+//! - Membership is fixed by configuration: no joint-consensus changes yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use floret_proto::peer::v1::ShardStatesRequest;
 use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
 use openraft::{BasicNode, SnapshotPolicy};
 
-use crate::network::NoPeers;
-use crate::placement::ShardPlacement;
+use crate::network::PeerNetwork;
+use crate::peers::Peers;
+use crate::placement::{ReplicaPlacement, ShardPlacement};
+
+/// How long bootstrap waits for a peer to say which shards it has.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between two bootstrap rounds while some peer has not answered.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Raft timing and snapshot tunables shared by every shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,24 +40,30 @@ pub struct RaftTuning {
     /// Leader heartbeat; each group sends its own, so keep it modest on small machines.
     pub heartbeat: Duration,
     /// Lower bound of the election timeout; well above scheduling noise on a loaded 2-core box.
+    /// A follower calls an election after the leader lease (the upper bound)
+    /// plus a random timeout between the bounds: with 1-2 s, 3-4 s after the
+    /// leader's last heartbeat.
     pub election_timeout_min: Duration,
-    /// Upper bound of the election timeout.
+    /// Upper bound of the election timeout; also the leader lease.
     pub election_timeout_max: Duration,
     /// Entries applied since the last snapshot before a new one is built.
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind a snapshot, so a briefly lagging
     /// replica catches up from the log instead of a whole snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// Bytes of a snapshot sent in one message to a replica that needs it.
+    pub snapshot_chunk_bytes: u64,
 }
 
 impl Default for RaftTuning {
     fn default() -> Self {
         Self {
             heartbeat: Duration::from_millis(250),
-            election_timeout_min: Duration::from_millis(1_500),
-            election_timeout_max: Duration::from_millis(3_000),
+            election_timeout_min: Duration::from_millis(1_000),
+            election_timeout_max: Duration::from_millis(2_000),
             snapshot_every_entries: 20_000,
             logs_kept_after_snapshot: 1_000,
+            snapshot_chunk_bytes: 1024 * 1024,
         }
     }
 }
@@ -82,28 +103,35 @@ pub struct ShardGroup {
     pub reader: ShardReader,
 }
 
-/// Every shard of the node, and the placement that maps producers to them.
+/// The shards this node holds, and the placements that say where every
+/// producer and every shard lives.
 pub struct Shards {
-    node_id: NodeId,
-    groups: Vec<ShardGroup>,
+    peers: Arc<Peers>,
+    groups: BTreeMap<ShardId, ShardGroup>,
     placement: ShardPlacement,
+    replicas: ReplicaPlacement,
+    tuning: RaftTuning,
 }
 
 impl Shards {
-    /// Opens and starts every shard's raft group.
-    pub async fn start(
-        node_id: NodeId,
-        address: &str,
+    /// Opens the raft group of every shard this node holds. The groups do
+    /// not elect until [`Shards::bootstrap`] has run (or a peer's leader
+    /// reaches them), so the node can serve its peers first.
+    pub async fn open(
+        peers: Arc<Peers>,
         database: &Database,
         shard_count: u32,
+        replication_factor: usize,
         tuning: &RaftTuning,
         events: AppliedListener,
     ) -> Result<Self, ShardsError> {
         database.claim_shard_count(shard_count)?;
+        let node_id = peers.node_id();
+        let replicas = ReplicaPlacement::new(shard_count, &peers.node_ids(), replication_factor);
         let config =
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
-        let mut groups = Vec::with_capacity(shard_count as usize);
-        for shard in 0..shard_count {
+        let mut groups = BTreeMap::new();
+        for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
             let trees = |source| ShardsError::Trees { shard, source };
             let raft_error = |reason: String| ShardsError::Raft { shard, reason };
             let log_store = database.log_store(shard);
@@ -111,50 +139,174 @@ impl Shards {
                 .state_machine(shard, Some(events.clone()))
                 .map_err(trees)?;
             let reader = state_machine.reader();
-            let raft = Raft::new(node_id, config.clone(), NoPeers, log_store, state_machine)
+            let network = PeerNetwork::new(shard, peers.clone());
+            let raft = Raft::new(node_id, config.clone(), network, log_store, state_machine)
                 .await
                 .map_err(|e| raft_error(e.to_string()))?;
-            if raft
-                .is_initialized()
-                .await
-                .map_err(|e| raft_error(e.to_string()))?
-            {
-                raft.trigger()
-                    .elect()
-                    .await
-                    .map_err(|e| raft_error(e.to_string()))?;
-            } else {
-                let members = BTreeMap::from([(node_id, BasicNode::new(address))]);
-                raft.initialize(members)
-                    .await
-                    .map_err(|e| raft_error(e.to_string()))?;
-            }
-            groups.push(ShardGroup {
-                id: shard,
-                raft,
-                reader,
-            });
+            groups.insert(
+                shard,
+                ShardGroup {
+                    id: shard,
+                    raft,
+                    reader,
+                },
+            );
         }
         Ok(Self {
-            node_id,
+            peers,
             groups,
             placement: ShardPlacement::new(shard_count),
+            replicas,
+            tuning: tuning.clone(),
         })
+    }
+
+    /// Founds the groups this node is the preferred replica of and that no
+    /// replica has ever initialised; asks a lone voter to elect at once.
+    /// Returns when every such group is founded or known to exist elsewhere.
+    pub async fn bootstrap(&self) -> Result<(), ShardsError> {
+        let node_id = self.node_id();
+        let mut to_found = Vec::new();
+        for group in self.groups.values() {
+            let shard = group.id;
+            let raft_error = |e: openraft::error::Fatal<NodeId>| ShardsError::Raft {
+                shard,
+                reason: e.to_string(),
+            };
+            if group.raft.is_initialized().await.map_err(raft_error)? {
+                let lone_voter = group
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .eq([node_id]);
+                if lone_voter {
+                    group.raft.trigger().elect().await.map_err(raft_error)?;
+                }
+            } else if self.replicas.preferred_leader(shard) == node_id {
+                to_found.push(shard);
+            }
+        }
+        while !to_found.is_empty() {
+            let answers = self.probe_peers().await;
+            let mut still_waiting = Vec::new();
+            for shard in to_found {
+                let others: Vec<NodeId> = self
+                    .replicas
+                    .replicas(shard)
+                    .iter()
+                    .copied()
+                    .filter(|&node| node != node_id)
+                    .collect();
+                let initialised_elsewhere = others.iter().any(
+                    |node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)),
+                );
+                let all_answered = others
+                    .iter()
+                    .all(|node| matches!(answers.get(node), Some(Some(_))));
+                if initialised_elsewhere {
+                    tracing::info!(shard, "shard exists on its other replicas; joining it");
+                } else if all_answered {
+                    self.found(shard).await?;
+                } else {
+                    still_waiting.push(shard);
+                }
+            }
+            to_found = still_waiting;
+            if !to_found.is_empty() {
+                tracing::debug!(shards = ?to_found, "waiting for every replica to answer before founding");
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn found(&self, shard: ShardId) -> Result<(), ShardsError> {
+        let members: BTreeMap<NodeId, BasicNode> = self
+            .replicas
+            .replicas(shard)
+            .iter()
+            .map(|&node| {
+                let address = self.peers.address(node).unwrap_or_default();
+                (node, BasicNode::new(address))
+            })
+            .collect();
+        tracing::info!(shard, voters = ?members.keys().collect::<Vec<_>>(), "founding shard");
+        let group = &self.groups[&shard];
+        match group.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(openraft::error::RaftError::APIError(
+                openraft::error::InitializeError::NotAllowed(_),
+            )) => Ok(()),
+            Err(error) => Err(ShardsError::Raft {
+                shard,
+                reason: error.to_string(),
+            }),
+        }
+    }
+
+    /// Every other member's answer: the shards it has initialised, or None
+    /// when it did not answer.
+    async fn probe_peers(&self) -> BTreeMap<NodeId, Option<BTreeSet<ShardId>>> {
+        let probes = self.peers.others().map(|node| {
+            let client = self.peers.peer_client(node);
+            async move {
+                let Some(mut client) = client else {
+                    return (node, None);
+                };
+                let answer =
+                    tokio::time::timeout(PROBE_TIMEOUT, client.shard_states(ShardStatesRequest {}))
+                        .await;
+                match answer {
+                    Ok(Ok(states)) => (
+                        node,
+                        Some(states.into_inner().initialized.into_iter().collect()),
+                    ),
+                    Ok(Err(status)) => {
+                        tracing::debug!(node, %status, "peer did not say which shards it has");
+                        (node, None)
+                    }
+                    Err(_) => (node, None),
+                }
+            }
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// The shards whose replica here has a membership (was founded or joined).
+    pub async fn initialized(&self) -> Vec<ShardId> {
+        let mut initialized = Vec::new();
+        for group in self.groups.values() {
+            if group.raft.is_initialized().await.unwrap_or(false) {
+                initialized.push(group.id);
+            }
+        }
+        initialized
     }
 
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
-        self.node_id
+        self.peers.node_id()
     }
 
-    /// One shard; panics on an id outside `0..shard_count`, which placement never yields.
-    pub fn group(&self, shard: ShardId) -> &ShardGroup {
-        &self.groups[shard as usize]
+    /// The cluster's members.
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
     }
 
-    /// Every shard, in id order.
-    pub fn groups(&self) -> &[ShardGroup] {
-        &self.groups
+    /// The shard's group on this node, if this node holds a replica of it.
+    pub fn group(&self, shard: ShardId) -> Option<&ShardGroup> {
+        self.groups.get(&shard)
+    }
+
+    /// The shards this node holds, in id order.
+    pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+        self.groups.values()
     }
 
     /// Producer -> shard placement.
@@ -162,14 +314,38 @@ impl Shards {
         &self.placement
     }
 
+    /// Shard -> replica set placement.
+    pub fn replicas(&self) -> &ReplicaPlacement {
+        &self.replicas
+    }
+
+    /// The raft tuning every group runs with.
+    pub fn tuning(&self) -> &RaftTuning {
+        &self.tuning
+    }
+
     /// Whether this node currently leads `shard`.
     pub fn leads(&self, shard: ShardId) -> bool {
-        self.group(shard).raft.metrics().borrow().current_leader == Some(self.node_id)
+        self.leader_of(shard) == Some(self.node_id())
+    }
+
+    /// The leader of `shard` as this node knows it: from its own replica, or,
+    /// for a shard it does not hold, None.
+    pub fn leader_of(&self, shard: ShardId) -> Option<NodeId> {
+        self.group(shard)
+            .and_then(|group| group.raft.metrics().borrow().current_leader)
+    }
+
+    /// Where a request for `shard` should go: its known leader, else its
+    /// preferred replica.
+    pub fn route(&self, shard: ShardId) -> NodeId {
+        self.leader_of(shard)
+            .unwrap_or_else(|| self.replicas.preferred_leader(shard))
     }
 
     /// Stops every raft group.
     pub async fn shutdown(&self) {
-        for group in &self.groups {
+        for group in self.groups.values() {
             if let Err(error) = group.raft.shutdown().await {
                 tracing::warn!(shard = group.id, %error, "raft group did not stop cleanly");
             }
@@ -178,11 +354,14 @@ impl Shards {
 }
 
 fn raft_config(tuning: &RaftTuning) -> Result<openraft::Config, String> {
+    let election_max = tuning.election_timeout_max.as_millis() as u64;
     let config = openraft::Config {
         cluster_name: "floret".into(),
         heartbeat_interval: tuning.heartbeat.as_millis() as u64,
         election_timeout_min: tuning.election_timeout_min.as_millis() as u64,
-        election_timeout_max: tuning.election_timeout_max.as_millis() as u64,
+        election_timeout_max: election_max,
+        install_snapshot_timeout: election_max.max(5_000),
+        snapshot_max_chunk_size: tuning.snapshot_chunk_bytes,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
         max_in_snapshot_log_to_keep: tuning.logs_kept_after_snapshot,
         ..Default::default()

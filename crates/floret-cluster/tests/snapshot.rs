@@ -2,10 +2,11 @@
 //! behind them is purged, and a restart recovers the same state from the
 //! snapshot and the remaining log.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{RaftTuning, Shards};
+use floret_cluster::{Peers, RaftTuning, Shards};
 use floret_store::{Command, Database, Enqueue, MessageRef, NewMessage, Op};
 
 const SNAPSHOT_EVERY: u64 = 40;
@@ -34,10 +35,12 @@ fn enqueue(producer: &str, counter: u64) -> Op {
 
 async fn start(dir: &std::path::Path) -> (Database, Shards) {
     let database = Database::open(dir).unwrap();
-    let shards = Shards::start(1, "127.0.0.1:1", &database, 1, &tuning(), Arc::new(|_| {}))
+    let peers = Arc::new(Peers::new(1, BTreeMap::from([(1, "127.0.0.1:1".to_owned())])).unwrap());
+    let shards = Shards::open(peers, &database, 1, 3, &tuning(), Arc::new(|_| {}))
         .await
         .unwrap();
-    let mut metrics = shards.group(0).raft.metrics();
+    shards.bootstrap().await.unwrap();
+    let mut metrics = shards.group(0).unwrap().raft.metrics();
     tokio::time::timeout(DEADLINE, metrics.wait_for(|m| m.current_leader == Some(1)))
         .await
         .expect("elected in time")
@@ -49,7 +52,7 @@ async fn start(dir: &std::path::Path) -> (Database, Shards) {
 async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (database, shards) = start(dir.path()).await;
-    let raft = shards.group(0).raft.clone();
+    let raft = shards.group(0).unwrap().raft.clone();
     for counter in 0..150 {
         raft.client_write(Command {
             ops: vec![enqueue("p", counter)],
@@ -81,6 +84,7 @@ async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     assert!(purged.purged.unwrap().index > 0);
     let before = shards
         .group(0)
+        .unwrap()
         .reader
         .producer("default", "p")
         .unwrap()
@@ -93,8 +97,8 @@ async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     database.close();
 
     let (database, shards) = start(dir.path()).await;
-    let reader = &shards.group(0).reader;
-    let mut metrics = shards.group(0).raft.metrics();
+    let reader = &shards.group(0).unwrap().reader;
+    let mut metrics = shards.group(0).unwrap().raft.metrics();
     tokio::time::timeout(
         DEADLINE,
         metrics.wait_for(|m| m.last_applied >= applied_before),

@@ -5,13 +5,22 @@
 //! Only the gRPC edge (server services, client library) uses these types; the
 //! scheduler and the store never see them.
 //!
-//! IMPLEMENTATION CAVEATS
-//! - The raft transport between nodes is not part of this API yet.
+//! `peer::v1` is the node-to-node service (raft traffic of every shard,
+//! forwarded settles, leadership hand-back); clients never call it.
 
 /// The `floret.v1` package: data plane (`Floret`) and inspection (`Admin`).
 pub mod v1 {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("floret.v1");
+}
+
+/// The `floret.peer.v1` package: calls between the nodes of a cluster.
+pub mod peer {
+    /// Version 1; changes with the nodes, not with clients.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("floret.peer.v1");
+    }
 }
 
 /// Encoded `FileDescriptorSet` of every floret proto, for gRPC server reflection.

@@ -3,8 +3,9 @@
 //! [`Config::validate`].
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No peers yet: every node is a one-node cluster.
+//! - The member list is static: every node must be started with the same one.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,6 +25,11 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Number of shards (raft groups); fixed for the life of the data dir.
     pub shards: u32,
+    /// Every member of the cluster, this node included, with the address the
+    /// others dial. Empty: a one-node cluster.
+    pub peers: Vec<PeerConfig>,
+    /// Replicas of each shard (every node when the cluster is smaller).
+    pub replication_factor: usize,
     /// Prometheus metrics listen address; none when absent.
     pub metrics_listen: Option<SocketAddr>,
     /// Storage tunables.
@@ -36,6 +42,37 @@ pub struct Config {
     pub batching: BatchingConfig,
     /// Raft timing.
     pub raft: RaftConfig,
+}
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The member's node id.
+    pub id: u64,
+    /// `host:port` of its gRPC server as the other nodes reach it.
+    pub address: String,
+}
+
+/// Parses a member list written `1=host:port,2=host:port,...`.
+pub fn parse_peers(text: &str) -> Result<Vec<PeerConfig>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let (id, address) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not id=host:port"))?;
+            let id = id
+                .trim()
+                .parse()
+                .map_err(|e| format!("{part:?}: node id {id:?}: {e}"))?;
+            Ok(PeerConfig {
+                id,
+                address: address.trim().to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// How the node's database uses memory.
@@ -105,6 +142,8 @@ pub struct RaftConfig {
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind a snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// Bytes of a snapshot sent to a lagging replica in one message.
+    pub snapshot_chunk_bytes: u64,
 }
 
 impl Default for Config {
@@ -114,6 +153,8 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
             data_dir: PathBuf::from("floret-data"),
             shards: 16,
+            peers: Vec::new(),
+            replication_factor: 3,
             metrics_listen: None,
             storage: StorageConfig::default(),
             limits: Limits::default(),
@@ -163,6 +204,7 @@ impl Default for RaftConfig {
             election_timeout_max_ms: tuning.election_timeout_max.as_millis() as u64,
             snapshot_every_entries: tuning.snapshot_every_entries,
             logs_kept_after_snapshot: tuning.logs_kept_after_snapshot,
+            snapshot_chunk_bytes: tuning.snapshot_chunk_bytes,
         }
     }
 }
@@ -255,6 +297,16 @@ impl Config {
         if let Some(shards) = parse(&env, "FLORET_SHARDS")? {
             self.shards = shards;
         }
+        if let Some(peers) = env("FLORET_PEERS") {
+            self.peers = parse_peers(&peers).map_err(|message| ConfigError::Env {
+                name: "FLORET_PEERS",
+                value: peers.clone(),
+                message,
+            })?;
+        }
+        if let Some(replication_factor) = parse(&env, "FLORET_REPLICATION_FACTOR")? {
+            self.replication_factor = replication_factor;
+        }
         if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
             self.metrics_listen = Some(metrics_listen);
         }
@@ -272,6 +324,24 @@ impl Config {
         }
         if self.shards == 0 || self.shards > 1024 {
             return invalid(format!("shards must be in 1..=1024, not {}", self.shards));
+        }
+        if !self.peers.is_empty() {
+            let ids: std::collections::BTreeSet<u64> = self.peers.iter().map(|p| p.id).collect();
+            if ids.len() != self.peers.len() || ids.contains(&0) {
+                return invalid("peers must have distinct node ids > 0".into());
+            }
+            if !ids.contains(&self.node_id) {
+                return invalid(format!(
+                    "peers must list this node (node_id {}) with the address the others dial",
+                    self.node_id
+                ));
+            }
+            if let Some(peer) = self.peers.iter().find(|p| p.address.is_empty()) {
+                return invalid(format!("peer {} has no address", peer.id));
+            }
+        }
+        if self.replication_factor == 0 {
+            return invalid("replication_factor must be > 0".into());
         }
         if self.storage.cache_bytes < 1024 * 1024 {
             return invalid("storage.cache_bytes must be at least 1 MiB".into());
@@ -310,6 +380,14 @@ impl Config {
         if raft.snapshot_every_entries == 0 {
             return invalid("raft.snapshot_every_entries must be > 0".into());
         }
+        if raft.snapshot_chunk_bytes < 4096
+            || raft.snapshot_chunk_bytes >= floret_cluster::MAX_PEER_MESSAGE_BYTES as u64 / 2
+        {
+            return invalid(format!(
+                "raft.snapshot_chunk_bytes must be in 4096..{}",
+                floret_cluster::MAX_PEER_MESSAGE_BYTES / 2
+            ));
+        }
         Ok(())
     }
 
@@ -321,6 +399,20 @@ impl Config {
             election_timeout_max: Duration::from_millis(self.raft.election_timeout_max_ms),
             snapshot_every_entries: self.raft.snapshot_every_entries,
             logs_kept_after_snapshot: self.raft.logs_kept_after_snapshot,
+            snapshot_chunk_bytes: self.raft.snapshot_chunk_bytes,
+        }
+    }
+
+    /// Every member's id and dialled address: the peers, or for a one-node
+    /// cluster this node at the address it is bound to.
+    pub fn members(&self, bound: SocketAddr) -> BTreeMap<u64, String> {
+        if self.peers.is_empty() {
+            BTreeMap::from([(self.node_id, bound.to_string())])
+        } else {
+            self.peers
+                .iter()
+                .map(|peer| (peer.id, peer.address.clone()))
+                .collect()
         }
     }
 
@@ -402,6 +494,21 @@ mod tests {
             Config::load(Some(&path), no_env).unwrap(),
             Config::default()
         );
+    }
+
+    #[test]
+    fn peers_parse_from_the_flag_form_and_must_include_this_node() {
+        let peers = parse_peers("1=127.0.0.1:7701, 2=127.0.0.1:7702,3=n3:7703").unwrap();
+        assert_eq!(peers.len(), 3);
+        assert_eq!(peers[2].address, "n3:7703");
+        let config = Config {
+            node_id: 4,
+            peers,
+            ..Config::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("node_id 4"), "{error}");
+        assert!(parse_peers("1:127.0.0.1:7701").is_err());
     }
 
     #[test]

@@ -8,15 +8,20 @@
 //! the state machines report new messages to the [`dispatcher`], which hands
 //! them to consumers in deficit-round-robin order across producers.
 //!
+//! In a cluster any node takes any request: produces are forwarded to their
+//! shard's leader, consumers get every node's deliveries, acks reach the
+//! leader that holds their lease, and [`rebalance`] returns leaderships to
+//! their preferred replicas.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - One node: no forwarding to other nodes, no gossip view, no policies
-//!   beyond the default weight.
+//! - No gossip view, no policies beyond the default weight.
 
 pub mod config;
 pub mod delivery_id;
 pub mod dispatcher;
 mod node;
 mod proposer;
+mod rebalance;
 pub mod request;
 pub mod service;
 pub mod settle;

@@ -1,20 +1,25 @@
-//! Assembles a node: opens the data dir, starts every shard's raft group,
-//! its proposer and the leadership watcher, the dispatcher, and the gRPC
-//! server (Floret, Admin, health, reflection); and takes it all down again.
+//! Assembles a node: opens the data dir, opens the raft group of every
+//! shard it holds with its proposer and leadership watcher, the dispatcher,
+//! and the gRPC server (Floret, Admin, Peer, health, reflection); then
+//! bootstraps the shards (the server already answers the peers' probes and
+//! raft calls) and starts giving leaderships back to preferred replicas;
+//! and takes it all down again.
 //!
 //! Shutdown order: health goes NOT_SERVING, the gRPC server stops taking
 //! calls and drains, the raft groups stop, then the database is synced and
 //! its flusher joined.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No peers: every shard group has this node as its only member.
+//! - Health turns SERVING once every shard this node holds has a leader; it
+//!   does not turn back when a shard loses its leader later.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Shards, ShardsError};
+use floret_cluster::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError, Shards, ShardsError};
+use floret_proto::peer::v1::peer_server::PeerServer;
 use floret_proto::v1::admin_server::AdminServer;
 use floret_proto::v1::floret_server::FloretServer;
 use floret_sched::SchedulerConfig;
@@ -28,9 +33,12 @@ use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
 use crate::dispatcher::{self, DispatcherHandle};
-use crate::proposer::ShardProposer;
+use crate::proposer::{Proposers, ShardProposer};
+use crate::rebalance;
 use crate::service::admin::AdminService;
 use crate::service::floret::FloretService;
+use crate::service::peer::PeerService;
+use crate::settle::Settler;
 
 /// HTTP/2 pings on idle connections, so dead peers are noticed.
 const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
@@ -51,6 +59,9 @@ pub enum NodeError {
     /// The data dir could not be opened.
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// The member list is not usable.
+    #[error(transparent)]
+    Peers(#[from] PeersError),
     /// The shards could not start.
     #[error(transparent)]
     Shards(#[from] ShardsError),
@@ -88,34 +99,36 @@ impl Node {
         config.validate()?;
         let address = listener.local_addr().map_err(NodeError::Listener)?;
         let database = Database::open_with_cache(&config.data_dir, config.storage.cache_bytes)?;
+        let peers = Arc::new(Peers::new(config.node_id, config.members(address))?);
         let (dispatcher, dispatcher_inbox) = dispatcher::channel();
         let applied_to_dispatcher = dispatcher.clone();
         let listener_fn: floret_store::AppliedListener =
             Arc::new(move |event| applied_to_dispatcher.applied(event));
         let shards = Arc::new(
-            Shards::start(
-                config.node_id,
-                &address.to_string(),
+            Shards::open(
+                peers.clone(),
                 &database,
                 config.shards,
+                config.replication_factor,
                 &config.raft_tuning(),
                 listener_fn,
             )
             .await?,
         );
-        let proposers: Vec<_> = shards
-            .groups()
-            .iter()
-            .map(|group| {
-                ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone())
-            })
-            .collect();
-        dispatcher::spawn(
-            dispatcher_inbox,
+        let proposers = Proposers::new(
             shards
                 .groups()
-                .iter()
-                .map(|group| group.reader.clone())
+                .map(|group| {
+                    let proposer =
+                        ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone());
+                    (group.id, proposer)
+                })
+                .collect(),
+        );
+        dispatcher::spawn(
+            dispatcher_inbox,
+            (0..config.shards)
+                .map(|shard| shards.group(shard).map(|group| group.reader.clone()))
                 .collect(),
             SchedulerConfig {
                 default_weight: 1,
@@ -123,11 +136,11 @@ impl Node {
             },
             config.limits.max_credits,
         );
-        let watchers = shards
+        let mut watchers: Vec<JoinHandle<()>> = shards
             .groups()
-            .iter()
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
+        let settler = Settler::new(dispatcher.clone(), proposers.clone(), shards.clone());
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health
@@ -140,11 +153,15 @@ impl Node {
             .map_err(|e| NodeError::Reflection(e.to_string()))?;
         let floret = FloretServer::new(FloretService::new(
             shards.clone(),
-            proposers,
+            proposers.clone(),
             dispatcher.clone(),
+            settler.clone(),
             config.limits.clone(),
         ))
         .max_decoding_message_size(config.limits.max_request_bytes);
+        let peer = PeerServer::new(PeerService::new(shards.clone(), settler, proposers))
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
         let admin = AdminServer::new(AdminService::new(
             shards.clone(),
             dispatcher,
@@ -159,11 +176,21 @@ impl Node {
                 .add_service(reflection)
                 .add_service(floret)
                 .add_service(admin)
+                .add_service(peer)
                 .serve_with_incoming_shutdown(incoming(listener), async {
                     let _ = stopped.await;
                 }),
         );
-        tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, "node started");
+        let bootstrapping = shards.clone();
+        watchers.push(tokio::spawn(async move {
+            if let Err(error) = bootstrapping.bootstrap().await {
+                tracing::error!(%error, "cannot bootstrap the shards");
+            }
+        }));
+        if peers.others().next().is_some() {
+            watchers.push(rebalance::spawn(shards.clone()));
+        }
+        tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
             shards,
@@ -175,16 +202,13 @@ impl Node {
         })
     }
 
-    /// Waits until this node leads every shard, then reports SERVING.
+    /// Waits until every shard this node holds has a leader, then reports SERVING.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), NodeError> {
-        let node_id = self.shards.node_id();
         for group in self.shards.groups() {
             let mut metrics = group.raft.metrics();
-            let led = tokio::time::timeout(
-                timeout,
-                metrics.wait_for(|m| m.current_leader == Some(node_id)),
-            )
-            .await;
+            let led =
+                tokio::time::timeout(timeout, metrics.wait_for(|m| m.current_leader.is_some()))
+                    .await;
             if !matches!(led, Ok(Ok(_))) {
                 return Err(NodeError::NotReady {
                     shard: group.id,
@@ -200,6 +224,11 @@ impl Node {
             .await;
         self.health.set_serving::<AdminServer<AdminService>>().await;
         Ok(())
+    }
+
+    /// Whether the node is one of several.
+    pub fn has_peers(&self) -> bool {
+        self.shards.peers().others().next().is_some()
     }
 
     /// The address the gRPC server listens on.
@@ -267,7 +296,11 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
 /// committed but not yet applied, and deliver it again.
 fn watch_leadership(shards: &Shards, shard: u32, dispatcher: DispatcherHandle) -> JoinHandle<()> {
     let node_id = shards.node_id();
-    let raft = shards.group(shard).raft.clone();
+    let raft = shards
+        .group(shard)
+        .expect("leadership is watched for held shards")
+        .raft
+        .clone();
     let mut metrics = raft.metrics();
     tokio::spawn(async move {
         let mut leading = false;

@@ -7,11 +7,18 @@
 //! `max_entry_ops` / `max_entry_bytes`) into one entry. Under load entries
 //! fill by themselves; an idle shard adds no linger to a lone produce.
 //!
+//! While the node hands a shard's leadership back to its preferred replica,
+//! the shard's proposer is paused: new operations fail at once with
+//! [`ProposeError::HandingOver`] (clients retry), because any append would
+//! renew the followers' leader lease and block the hand-over's election.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A lost leadership fails every op of the entry with NotLeader; the client
 //!   retries with its idempotency sequence.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use floret_store::{Command, NodeId, Op, OpReply, Raft, ShardId};
 use openraft::error::{ClientWriteError, RaftError};
@@ -29,6 +36,12 @@ pub enum ProposeError {
         shard: ShardId,
         /// The leader, when known.
         leader: Option<NodeId>,
+    },
+    /// The leadership is being handed to the shard's preferred replica; nothing was proposed.
+    #[error("shard {shard} is handing its leadership to its preferred replica")]
+    HandingOver {
+        /// The shard.
+        shard: ShardId,
     },
     /// The raft group stopped or failed; the outcome is unknown.
     #[error("shard {shard} cannot commit: {reason}")]
@@ -51,6 +64,23 @@ struct Proposal {
 pub struct ShardProposer {
     shard: ShardId,
     proposals: mpsc::UnboundedSender<Proposal>,
+    paused_until: Arc<Mutex<Option<Instant>>>,
+}
+
+/// The proposers of the shards this node holds.
+#[derive(Clone, Default)]
+pub struct Proposers(Arc<BTreeMap<ShardId, ShardProposer>>);
+
+impl Proposers {
+    /// Proposers by shard.
+    pub fn new(proposers: BTreeMap<ShardId, ShardProposer>) -> Self {
+        Self(Arc::new(proposers))
+    }
+
+    /// The proposer of `shard`, if this node holds a replica of it.
+    pub fn get(&self, shard: ShardId) -> Option<&ShardProposer> {
+        self.0.get(&shard)
+    }
 }
 
 impl ShardProposer {
@@ -58,11 +88,35 @@ impl ShardProposer {
     pub fn spawn(shard: ShardId, raft: Raft, batching: BatchingConfig) -> Self {
         let (proposals, pending) = mpsc::unbounded_channel();
         tokio::spawn(run(shard, raft, batching, pending));
-        Self { shard, proposals }
+        Self {
+            shard,
+            proposals,
+            paused_until: Arc::default(),
+        }
+    }
+
+    /// Refuses new operations for `pause` (or until [`Self::resume`]).
+    pub fn pause(&self, pause: Duration) {
+        *self.paused_until.lock().expect("pause lock") = Some(Instant::now() + pause);
+    }
+
+    /// Takes operations again.
+    pub fn resume(&self) {
+        *self.paused_until.lock().expect("pause lock") = None;
+    }
+
+    fn paused(&self) -> bool {
+        self.paused_until
+            .lock()
+            .expect("pause lock")
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// Proposes `op` and waits for it to be committed and applied.
     pub async fn propose(&self, op: Op) -> Result<OpReply, ProposeError> {
+        if self.paused() {
+            return Err(ProposeError::HandingOver { shard: self.shard });
+        }
         let (reply, replied) = oneshot::channel();
         let bytes = op_bytes(&op);
         self.proposals

@@ -1,38 +1,99 @@
-//! Settling deliveries end to end: the dispatcher returns the lease of a
-//! nack at once, and checks the lease of an ack; acked messages are then
-//! removed through raft, one `Remove` per shard (the proposer folds
-//! concurrent acks into shared entries), and only once that commits does the
-//! lease end and the ack get OK, so an acked message is never delivered
-//! again. If the removal cannot commit, the ack is answered UNAVAILABLE and
-//! the lease is left to lapse, so the message comes back.
+//! Settling deliveries end to end, wherever the consumer is connected.
+//!
+//! A delivery's lease lives in the dispatcher of the node that leads its
+//! shard (the delivery id names the shard). Ids of shards this node leads
+//! are settled here; the others are sent to their leader's `Peer.Settle`,
+//! which settles them the same way there, and the outcomes are put back in
+//! the caller's order.
+//!
+//! Settling on the leader: the dispatcher returns the lease of a nack at
+//! once, and checks the lease of an ack; acked messages are then removed
+//! through raft, one `Remove` per shard (the proposer folds concurrent acks
+//! into shared entries), and only once that commits does the lease end and
+//! the ack get OK, so an acked message is never delivered again. If the
+//! removal cannot commit, the ack is answered UNAVAILABLE and the lease is
+//! left to lapse, so the message comes back.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - The leader is this node's view of the shard's raft group; right after a
+//!   leadership change an ack may reach the old leader and get
+//!   FAILED_PRECONDITION (the lease is gone there; the message is delivered again).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use floret_store::{MessageRef, Op, ShardId};
+use floret_cluster::Shards;
+use floret_proto::peer::v1::PeerSettleRequest;
+use floret_store::{MessageRef, NodeId, Op, ShardId};
 use tonic::Code;
 
 use crate::delivery_id::DeliveryId;
 use crate::dispatcher::{DispatcherHandle, DispatcherStopped, SettleKind, SettleOutcome};
-use crate::proposer::ShardProposer;
+use crate::proposer::Proposers;
 
 /// Acks and nacks for the services.
 #[derive(Clone)]
 pub struct Settler {
     dispatcher: DispatcherHandle,
-    proposers: Vec<ShardProposer>,
+    proposers: Proposers,
+    shards: Arc<Shards>,
 }
 
 impl Settler {
-    /// Settles through `dispatcher`, removing acked messages with `proposers` (indexed by shard).
-    pub fn new(dispatcher: DispatcherHandle, proposers: Vec<ShardProposer>) -> Self {
+    /// Settles through `dispatcher` (leases of the shards this node leads),
+    /// removing acked messages with `proposers`, and through the other
+    /// nodes' `Peer` service for the shards they lead.
+    pub fn new(dispatcher: DispatcherHandle, proposers: Proposers, shards: Arc<Shards>) -> Self {
         Self {
             dispatcher,
             proposers,
+            shards,
         }
     }
 
     /// One outcome per id, in order; malformed ids are INVALID_ARGUMENT.
     pub async fn settle(
+        &self,
+        kind: SettleKind,
+        ids: Vec<String>,
+    ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
+        let node_id = self.shards.node_id();
+        let mut by_node: BTreeMap<NodeId, (Vec<String>, Vec<usize>)> = BTreeMap::new();
+        let total = ids.len();
+        for (index, text) in ids.into_iter().enumerate() {
+            let node = match text.parse::<DeliveryId>() {
+                Ok(id) if !self.shards.leads(id.shard) => self.shards.route(id.shard),
+                _ => node_id,
+            };
+            let (texts, indexes) = by_node.entry(node).or_default();
+            texts.push(text);
+            indexes.push(index);
+        }
+        let mut outcomes: Vec<Option<SettleOutcome>> = vec![None; total];
+        let settled = futures::future::join_all(by_node.into_iter().map(
+            |(node, (texts, indexes))| async move {
+                let result = if node == node_id {
+                    self.settle_here(kind, texts).await
+                } else {
+                    Ok(self.settle_on(node, kind, texts).await)
+                };
+                (indexes, result)
+            },
+        ))
+        .await;
+        for (indexes, result) in settled {
+            for (index, outcome) in indexes.into_iter().zip(result?) {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|outcome| outcome.expect("every id got an outcome"))
+            .collect())
+    }
+
+    /// Settles ids of shards this node leads (the leases are here).
+    pub async fn settle_here(
         &self,
         kind: SettleKind,
         ids: Vec<String>,
@@ -58,19 +119,21 @@ impl Settler {
         }
         let committed = futures::future::join_all(removals.into_iter().map(
             |(shard, (messages, indexes))| async move {
-                (
-                    indexes,
-                    self.proposers[shard as usize]
-                        .propose(Op::Remove(messages))
-                        .await,
-                )
+                let result = match self.proposers.get(shard) {
+                    Some(proposer) => proposer.propose(Op::Remove(messages)).await.map(|_| ()),
+                    None => Err(crate::ProposeError::NotLeader {
+                        shard,
+                        leader: None,
+                    }),
+                };
+                (indexes, result)
             },
         ))
         .await;
         let mut durable = Vec::new();
         for (indexes, result) in committed {
             match result {
-                Ok(_) => durable.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
+                Ok(()) => durable.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
                 Err(error) => {
                     for index in indexes {
                         outcomes[index].code = Code::Unavailable;
@@ -86,4 +149,52 @@ impl Settler {
         }
         Ok(outcomes)
     }
+
+    /// Settles ids on `node`, the leader of their shard; a node that cannot
+    /// be reached answers UNAVAILABLE for each (the lease then lapses there
+    /// or died with it, and the message is delivered again).
+    async fn settle_on(
+        &self,
+        node: NodeId,
+        kind: SettleKind,
+        ids: Vec<String>,
+    ) -> Vec<SettleOutcome> {
+        let request = PeerSettleRequest {
+            ack: kind == SettleKind::Ack,
+            delivery_ids: ids.clone(),
+        };
+        let answer = match self.shards.peers().peer_client(node) {
+            Some(mut client) => client.settle(request).await.map(|a| a.into_inner()),
+            None => Err(tonic::Status::unavailable(format!(
+                "node {node} is not a member"
+            ))),
+        };
+        match answer {
+            Ok(answer) if answer.outcomes.len() == ids.len() => answer
+                .outcomes
+                .into_iter()
+                .map(|outcome| SettleOutcome {
+                    delivery_id: outcome.delivery_id,
+                    code: Code::from_i32(outcome.code),
+                    message: outcome.message,
+                    removal: None,
+                })
+                .collect(),
+            Ok(_) => unreachable_outcomes(ids, node, "answered with the wrong number of outcomes"),
+            Err(status) => unreachable_outcomes(ids, node, status.message()),
+        }
+    }
+}
+
+fn unreachable_outcomes(ids: Vec<String>, node: NodeId, why: &str) -> Vec<SettleOutcome> {
+    ids.into_iter()
+        .map(|delivery_id| SettleOutcome {
+            delivery_id,
+            code: Code::Unavailable,
+            message: format!(
+                "the shard's leader (node {node}) could not settle it: {why}; an unacked message is delivered again"
+            ),
+            removal: None,
+        })
+        .collect()
 }

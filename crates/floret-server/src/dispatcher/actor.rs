@@ -30,7 +30,7 @@ struct Consumer {
 }
 
 struct Dispatcher {
-    readers: Vec<ShardReader>,
+    readers: Vec<Option<ShardReader>>,
     led: Vec<bool>,
     queues: HashMap<Arc<str>, QueueDispatch>,
     consumers: HashMap<ConsumerId, Consumer>,
@@ -49,10 +49,11 @@ pub(crate) fn channel() -> (DispatcherHandle, DispatcherInbox) {
     (DispatcherHandle { commands }, DispatcherInbox(receiver))
 }
 
-/// Starts the dispatcher task over `shards` (indexed by shard id).
+/// Starts the dispatcher task over the shards' readers (indexed by shard
+/// id; None for a shard this node holds no replica of).
 pub(crate) fn spawn(
     inbox: DispatcherInbox,
-    readers: Vec<ShardReader>,
+    readers: Vec<Option<ShardReader>>,
     scheduler_config: SchedulerConfig,
     max_credits: u32,
 ) {
@@ -196,7 +197,9 @@ impl Dispatcher {
                 break;
             };
             let key = dispatch.producer;
-            let reader = &self.readers[key.shard as usize];
+            let Some(reader) = &self.readers[key.shard as usize] else {
+                continue;
+            };
             let message = match reader.message(queue_name, &key.producer, dispatch.sequence) {
                 Ok(Some(message)) => message,
                 Ok(None) => {

@@ -4,11 +4,19 @@
 //! (read from the state machines, off the async runtime) with the
 //! dispatcher's in-memory delivery counters.
 //!
+//! Cluster status asks every peer for its own view (`local_only`) and merges
+//! them: each shard as its leader sees it, with every replica's applied
+//! index and lag, and every node's reachability.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - Statistics list every producer with stored state; there is no paging yet.
+//! - Queue statistics are this node's: durable counters of the shards it
+//!   holds, delivery counters of its own dispatcher. Cluster-wide ones come
+//!   with the gossip view.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use floret_cluster::Shards;
 use floret_proto::v1;
@@ -41,32 +49,35 @@ impl AdminService {
 impl v1::admin_server::Admin for AdminService {
     async fn cluster_status(
         &self,
-        _request: Request<v1::ClusterStatusRequest>,
+        request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        let shards = self
-            .shards
-            .groups()
-            .iter()
-            .map(|group| {
-                let metrics = group.raft.metrics().borrow().clone();
-                v1::ShardStatus {
-                    shard_id: group.id,
-                    leader_id: metrics.current_leader.unwrap_or(0),
-                    term: metrics.current_term,
-                    applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
-                    last_log_index: metrics.last_log_index.unwrap_or(0),
-                    voters: metrics.membership_config.membership().voter_ids().collect(),
+        let local = self.local_view();
+        if request.into_inner().local_only {
+            return Ok(Response::new(local));
+        }
+        let peers = self.shards.peers();
+        let asks = peers.others().map(|node| {
+            let channel = peers.channel(node);
+            async move {
+                let Some(channel) = channel else {
+                    return (node, Err("not a member".to_owned()));
+                };
+                let mut client = v1::admin_client::AdminClient::new(channel);
+                let call = client.cluster_status(v1::ClusterStatusRequest { local_only: true });
+                match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
+                    Ok(Ok(view)) => (node, Ok(view.into_inner())),
+                    Ok(Err(status)) => (node, Err(status.message().to_owned())),
+                    Err(_) => (
+                        node,
+                        Err(format!("no answer within {PEER_STATUS_TIMEOUT:?}")),
+                    ),
                 }
-            })
-            .collect();
-        Ok(Response::new(v1::ClusterStatusResponse {
-            node_id: self.shards.node_id(),
-            nodes: vec![v1::NodeStatus {
-                node_id: self.shards.node_id(),
-                address: self.address.clone(),
-            }],
-            shards,
-        }))
+            }
+        });
+        let mut views: BTreeMap<u64, Result<v1::ClusterStatusResponse, String>> =
+            futures::future::join_all(asks).await.into_iter().collect();
+        views.insert(self.shards.node_id(), Ok(local));
+        Ok(Response::new(self.merge(views)))
     }
 
     async fn queue_stats(
@@ -124,6 +135,119 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(v1::QueueStatsResponse {
             queues: queues.into_values().collect(),
         }))
+    }
+}
+
+/// How long the answering node waits for each peer's view.
+const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl AdminService {
+    /// This node's own view: itself, and the shards it holds.
+    fn local_view(&self) -> v1::ClusterStatusResponse {
+        let node_id = self.shards.node_id();
+        let replicas = self.shards.replicas();
+        let shards: Vec<v1::ShardStatus> = self
+            .shards
+            .groups()
+            .map(|group| {
+                let metrics = group.raft.metrics().borrow().clone();
+                v1::ShardStatus {
+                    shard_id: group.id,
+                    leader_id: metrics.current_leader.unwrap_or(0),
+                    term: metrics.current_term,
+                    applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
+                    last_log_index: metrics.last_log_index.unwrap_or(0),
+                    voters: metrics.membership_config.membership().voter_ids().collect(),
+                    preferred_leader_id: replicas.preferred_leader(group.id),
+                    replicas: Vec::new(),
+                }
+            })
+            .collect();
+        let shards_led = shards.iter().filter(|s| s.leader_id == node_id).count() as u32;
+        v1::ClusterStatusResponse {
+            node_id,
+            nodes: vec![v1::NodeStatus {
+                node_id,
+                address: self.address.clone(),
+                reachable: true,
+                shards_led,
+                error: String::new(),
+            }],
+            shards,
+        }
+    }
+
+    /// Every node's view merged: each shard as its leader reports it (else
+    /// the replica with the highest term), with every replica's progress.
+    fn merge(
+        &self,
+        views: BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
+    ) -> v1::ClusterStatusResponse {
+        let peers = self.shards.peers();
+        let nodes = views
+            .iter()
+            .map(|(&node_id, view)| match view {
+                Ok(view) => v1::NodeStatus {
+                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    ..view.nodes.first().cloned().unwrap_or_default()
+                },
+                Err(error) => v1::NodeStatus {
+                    node_id,
+                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    reachable: false,
+                    shards_led: 0,
+                    error: error.clone(),
+                },
+            })
+            .collect();
+        let reports: BTreeMap<(u32, u64), &v1::ShardStatus> = views
+            .iter()
+            .filter_map(|(&node, view)| view.as_ref().ok().map(|view| (node, view)))
+            .flat_map(|(node, view)| view.shards.iter().map(move |s| ((s.shard_id, node), s)))
+            .collect();
+        let placement = self.shards.replicas();
+        let shards = (0..self.shards.placement().shard_count())
+            .map(|shard| {
+                let replicas = placement.replicas(shard);
+                let reported: Vec<(u64, &v1::ShardStatus)> = replicas
+                    .iter()
+                    .filter_map(|&node| reports.get(&(shard, node)).map(|s| (node, *s)))
+                    .collect();
+                let best = reported
+                    .iter()
+                    .max_by_key(|(node, s)| (s.leader_id == *node, s.term, s.last_log_index))
+                    .map(|(_, s)| (*s).clone())
+                    .unwrap_or_else(|| v1::ShardStatus {
+                        shard_id: shard,
+                        preferred_leader_id: placement.preferred_leader(shard),
+                        ..Default::default()
+                    });
+                let replica_statuses = replicas
+                    .iter()
+                    .map(|&node| match reports.get(&(shard, node)) {
+                        Some(report) => v1::ReplicaStatus {
+                            node_id: node,
+                            reachable: true,
+                            applied_index: report.applied_index,
+                            lag: best.last_log_index.saturating_sub(report.applied_index),
+                        },
+                        None => v1::ReplicaStatus {
+                            node_id: node,
+                            ..Default::default()
+                        },
+                    })
+                    .collect();
+                v1::ShardStatus {
+                    replicas: replica_statuses,
+                    ..best
+                }
+            })
+            .collect();
+        v1::ClusterStatusResponse {
+            node_id: self.shards.node_id(),
+            nodes,
+            shards,
+        }
     }
 }
 

@@ -1,31 +1,40 @@
-//! The `floret.v1.Floret` service: produce, consume and ack.
+//! The `floret.v1.Floret` service: produce, consume and ack, on any node.
+//!
+//! A produce for a shard this node leads is proposed here; any other is
+//! forwarded once to the shard's leader (as this node knows it), marked so
+//! that the receiver does not forward it again: a node that turns out not
+//! to lead the shard answers UNAVAILABLE with a retry hint, and so does this
+//! node when the leader cannot be reached. A consume merges every node's
+//! dispatcher ([`super::fan_in`]); acks go to their shard's leader
+//! ([`Settler`]).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Produce is served by the node that leads the producer's shard (every
-//!   shard, on one node); forwarding comes with the cluster.
+//! - A forwarded produce costs one more network round trip; clients do not
+//!   route to leaders themselves yet.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use floret_cluster::Shards;
 use floret_proto::v1::{self, consume_request};
+use floret_store::ShardId;
 use floret_store::{Enqueue, Op, OpReply};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{convert, now_unix_ms, status};
+use super::{convert, fan_in, now_unix_ms, status};
 use crate::config::Limits;
 use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
-use crate::proposer::ShardProposer;
+use crate::proposer::Proposers;
 use crate::request;
 use crate::settle::Settler;
 
 /// Serves the data plane of one node.
 pub struct FloretService {
     shards: Arc<Shards>,
-    proposers: Vec<ShardProposer>,
+    proposers: Proposers,
     dispatcher: DispatcherHandle,
     settler: Settler,
     limits: Limits,
@@ -35,17 +44,44 @@ impl FloretService {
     /// A service over the node's shards, proposers and dispatcher.
     pub fn new(
         shards: Arc<Shards>,
-        proposers: Vec<ShardProposer>,
+        proposers: Proposers,
         dispatcher: DispatcherHandle,
+        settler: Settler,
         limits: Limits,
     ) -> Self {
-        let settler = Settler::new(dispatcher.clone(), proposers.clone());
         Self {
             shards,
             proposers,
             dispatcher,
             settler,
             limits,
+        }
+    }
+}
+
+/// Metadata key marking a produce one node forwarded to another.
+const FORWARDED: &str = "floret-forwarded-by";
+
+impl FloretService {
+    /// Sends a produce to `node`, which this node believes leads `shard`.
+    async fn forward_produce(
+        &self,
+        node: u64,
+        shard: ShardId,
+        request: v1::ProduceRequest,
+    ) -> Result<Response<v1::ProduceResponse>, Status> {
+        let Some(channel) = self.shards.peers().channel(node) else {
+            return Err(status::no_leader(shard, None));
+        };
+        let mut forwarded = Request::new(request);
+        forwarded
+            .metadata_mut()
+            .insert(FORWARDED, self.shards.node_id().into());
+        let mut client = v1::floret_client::FloretClient::new(channel)
+            .max_encoding_message_size(self.limits.max_request_bytes);
+        match client.produce(forwarded).await {
+            Ok(response) => Ok(Response::new(response.into_inner())),
+            Err(remote) => Err(status::relayed(remote, shard, node)),
         }
     }
 }
@@ -59,11 +95,23 @@ impl v1::floret_server::Floret for FloretService {
         &self,
         request: Request<v1::ProduceRequest>,
     ) -> Result<Response<v1::ProduceResponse>, Status> {
+        let forwarded = request.metadata().contains_key(FORWARDED);
         let request = request.into_inner();
         let queue = request::queue_name(&request.queue)?;
         let producer = request::producer_id(&request.producer_id)?;
-        let messages = request::messages(request.messages, &self.limits)?;
         let shard = self.shards.placement().shard_of(&queue, &producer);
+        let proposer = match self.proposers.get(shard) {
+            Some(proposer) if self.shards.leads(shard) => proposer,
+            _ if forwarded => return Err(status::no_leader(shard, self.shards.leader_of(shard))),
+            _ => {
+                let node = self.shards.route(shard);
+                if node == self.shards.node_id() {
+                    return Err(status::no_leader(shard, None));
+                }
+                return self.forward_produce(node, shard, request).await;
+            }
+        };
+        let messages = request::messages(request.messages, &self.limits)?;
         let count = messages.len();
         let op = Op::Enqueue(Enqueue {
             queue,
@@ -72,10 +120,7 @@ impl v1::floret_server::Floret for FloretService {
             enqueued_at_ms: now_unix_ms(),
             messages,
         });
-        let reply = self.proposers[shard as usize]
-            .propose(op)
-            .await
-            .map_err(status::from_propose)?;
+        let reply = proposer.propose(op).await.map_err(status::from_propose)?;
         metrics::counter!("floret_produced_messages_total").increment(count as u64);
         match reply {
             OpReply::Enqueued {
@@ -111,6 +156,22 @@ impl v1::floret_server::Floret for FloretService {
         };
         let queue = request::queue_name(&subscribe.queue)?;
         let credits = request::credits(subscribe.credits)?;
+        if !subscribe.local_only {
+            let (outbound, responses) = mpsc::unbounded_channel();
+            fan_in::serve(
+                queue,
+                credits,
+                inbound,
+                self.dispatcher.clone(),
+                self.settler.clone(),
+                self.shards.peers().clone(),
+                outbound,
+            )
+            .await?;
+            return Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
+                responses,
+            ))));
+        }
         let (events, deliveries) = mpsc::unbounded_channel();
         let (failures, failed) = mpsc::unbounded_channel::<Status>();
         let consumer = self

@@ -2,7 +2,9 @@
 
 pub mod admin;
 mod convert;
+mod fan_in;
 pub mod floret;
+pub mod peer;
 pub mod status;
 
 /// Wall-clock time in milliseconds since the Unix epoch: the commit time the

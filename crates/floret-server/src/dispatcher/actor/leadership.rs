@@ -12,7 +12,9 @@ use super::Dispatcher;
 impl Dispatcher {
     /// Loads every producer with stored messages of a shard this node now leads.
     pub(super) fn rebuild_shard(&mut self, shard: ShardId) {
-        let reader = self.readers[shard as usize].clone();
+        let Some(reader) = self.readers[shard as usize].clone() else {
+            return;
+        };
         let mut touched = HashSet::new();
         for entry in reader.producers() {
             let entry = match entry {
@@ -56,7 +58,9 @@ impl Dispatcher {
 
     /// Drops everything of a shard this node no longer leads.
     pub(super) fn forget_shard(&mut self, shard: ShardId) {
-        let reader = self.readers[shard as usize].clone();
+        let Some(reader) = self.readers[shard as usize].clone() else {
+            return;
+        };
         for entry in reader.producers().flatten() {
             let key = ProducerKey {
                 shard,

@@ -117,7 +117,13 @@ impl Dispatcher {
 
     /// Tells apart a message that never existed, one already acked and a lease that lapsed.
     fn explain_not_leased(&self, kind: SettleKind, id: &DeliveryId, text: String) -> SettleOutcome {
-        let reader = &self.readers[id.shard as usize];
+        let Some(reader) = &self.readers[id.shard as usize] else {
+            return outcome(
+                text,
+                Code::NotFound,
+                format!("this node holds no replica of shard {}", id.shard),
+            );
+        };
         let ever_committed = match reader.producer(&id.queue, &id.producer) {
             Ok(record) => record.is_some_and(|r| id.sequence < r.tail),
             Err(error) => {

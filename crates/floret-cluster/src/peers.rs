@@ -1,0 +1,121 @@
+//! The cluster's members and one lazily connected gRPC channel to each
+//! other node, shared by the raft traffic of every shard and by the
+//! node-to-node calls of the server (forwarded produces, settles, consumes).
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Members come from static configuration; no runtime membership changes.
+//! - No TLS between nodes yet: run the cluster on a private network.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use floret_proto::peer::v1::peer_client::PeerClient;
+use floret_store::NodeId;
+use tonic::transport::{Channel, Endpoint};
+
+/// Largest node-to-node message: a snapshot chunk or a batch of appended
+/// entries, whose size openraft bounds (see `RaftTuning`).
+pub const MAX_PEER_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long connecting to a peer may take before the call fails.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// HTTP/2 pings on idle peer connections, so a dead peer is noticed.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// A member list that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PeersError {
+    /// This node is not in its own member list.
+    #[error("node {0} is not in the member list")]
+    NotAMember(NodeId),
+    /// A member's address is not a valid endpoint.
+    #[error("node {node} has an invalid address {address:?}: {reason}")]
+    InvalidAddress {
+        /// The member.
+        node: NodeId,
+        /// Its address.
+        address: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+}
+
+/// The members of the cluster and a channel to every other one.
+#[derive(Debug)]
+pub struct Peers {
+    node_id: NodeId,
+    addresses: BTreeMap<NodeId, String>,
+    channels: BTreeMap<NodeId, Channel>,
+}
+
+impl Peers {
+    /// `members` maps every node id, this node's included, to the `host:port`
+    /// the others dial.
+    pub fn new(node_id: NodeId, members: BTreeMap<NodeId, String>) -> Result<Self, PeersError> {
+        if !members.contains_key(&node_id) {
+            return Err(PeersError::NotAMember(node_id));
+        }
+        let mut channels = BTreeMap::new();
+        for (&node, address) in &members {
+            if node == node_id {
+                continue;
+            }
+            let uri = if address.contains("://") {
+                address.clone()
+            } else {
+                format!("http://{address}")
+            };
+            let endpoint = Endpoint::from_shared(uri).map_err(|e| PeersError::InvalidAddress {
+                node,
+                address: address.clone(),
+                reason: e.to_string(),
+            })?;
+            let channel = endpoint
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(KEEPALIVE)
+                .keep_alive_while_idle(true)
+                .connect_lazy();
+            channels.insert(node, channel);
+        }
+        Ok(Self {
+            node_id,
+            addresses: members,
+            channels,
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// Every member's id, this node's included, in order.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.addresses.keys().copied().collect()
+    }
+
+    /// The other members' ids, in order.
+    pub fn others(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.channels.keys().copied()
+    }
+
+    /// The address a member is dialled on.
+    pub fn address(&self, node: NodeId) -> Option<&str> {
+        self.addresses.get(&node).map(String::as_str)
+    }
+
+    /// The channel to another member (None for this node or a stranger).
+    pub fn channel(&self, node: NodeId) -> Option<Channel> {
+        self.channels.get(&node).cloned()
+    }
+
+    /// A `Peer` service client of another member.
+    pub fn peer_client(&self, node: NodeId) -> Option<PeerClient<Channel>> {
+        self.channel(node).map(|channel| {
+            PeerClient::new(channel)
+                .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        })
+    }
+}

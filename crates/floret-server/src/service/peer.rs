@@ -1,0 +1,214 @@
+//! The `floret.peer.v1.Peer` service: what the other nodes of the cluster
+//! ask of this one. Raft RPCs for the shards it holds, which shards it has
+//! initialised (for bootstrap), settles of deliveries whose leases are here,
+//! and the hand-back of a shard's leadership to its preferred replica.
+//!
+//! Hand-back (openraft 0.9 has no leadership transfer): the leader checks
+//! that the preferred replica is a voter and caught up, then pauses the
+//! shard's proposer and turns its heartbeats off for a while; once the
+//! followers' leader lease lapses the preferred replica calls an election
+//! (see [`crate::rebalance`]), and wins it because its log is complete and
+//! the other followers' own election timers run longer than the lease.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Callers are trusted: no authentication between nodes yet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floret_cluster::{Shards, decode, encode};
+use floret_proto::peer::v1::{self, peer_server::Peer};
+use floret_store::{NodeId, ShardId, TypeConfig};
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use tonic::{Request, Response, Status};
+
+use crate::dispatcher::SettleKind;
+use crate::proposer::Proposers;
+use crate::settle::Settler;
+
+/// Entries a preferred replica may lag behind and still be handed the leadership.
+const HAND_BACK_MAX_LAG: u64 = 64;
+
+/// Serves the other nodes.
+pub struct PeerService {
+    shards: Arc<Shards>,
+    settler: Settler,
+    proposers: Proposers,
+}
+
+impl PeerService {
+    /// The peer side of this node.
+    pub fn new(shards: Arc<Shards>, settler: Settler, proposers: Proposers) -> Self {
+        Self {
+            shards,
+            settler,
+            proposers,
+        }
+    }
+
+    fn raft(&self, shard: ShardId) -> Result<&floret_store::Raft, Status> {
+        self.shards
+            .group(shard)
+            .map(|group| &group.raft)
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "node {} holds no replica of shard {shard}",
+                    self.shards.node_id()
+                ))
+            })
+    }
+
+    /// Refuses a hand-back with a reason.
+    fn refuse(reason: String) -> Response<v1::HandBackResponse> {
+        Response::new(v1::HandBackResponse {
+            accepted: false,
+            wait_ms: 0,
+            reason,
+        })
+    }
+}
+
+fn undecodable(error: postcard::Error) -> Status {
+    Status::invalid_argument(format!("undecodable raft message: {error}"))
+}
+
+fn answer(shard: ShardId, payload: Vec<u8>) -> Response<v1::RaftMessage> {
+    Response::new(v1::RaftMessage {
+        shard_id: shard,
+        payload,
+    })
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn vote(
+        &self,
+        request: Request<v1::RaftMessage>,
+    ) -> Result<Response<v1::RaftMessage>, Status> {
+        let message = request.into_inner();
+        let raft = self.raft(message.shard_id)?;
+        let vote: VoteRequest<NodeId> = decode(&message.payload).map_err(undecodable)?;
+        let result: Result<_, RaftError<NodeId>> = raft.vote(vote).await;
+        Ok(answer(message.shard_id, encode(&result)))
+    }
+
+    async fn append_entries(
+        &self,
+        request: Request<v1::RaftMessage>,
+    ) -> Result<Response<v1::RaftMessage>, Status> {
+        let message = request.into_inner();
+        let raft = self.raft(message.shard_id)?;
+        let append: AppendEntriesRequest<TypeConfig> =
+            decode(&message.payload).map_err(undecodable)?;
+        let result: Result<_, RaftError<NodeId>> = raft.append_entries(append).await;
+        Ok(answer(message.shard_id, encode(&result)))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<v1::RaftMessage>,
+    ) -> Result<Response<v1::RaftMessage>, Status> {
+        let message = request.into_inner();
+        let raft = self.raft(message.shard_id)?;
+        let chunk: InstallSnapshotRequest<TypeConfig> =
+            decode(&message.payload).map_err(undecodable)?;
+        let result: Result<_, RaftError<NodeId, InstallSnapshotError>> =
+            raft.install_snapshot(chunk).await;
+        Ok(answer(message.shard_id, encode(&result)))
+    }
+
+    async fn shard_states(
+        &self,
+        _request: Request<v1::ShardStatesRequest>,
+    ) -> Result<Response<v1::ShardStatesResponse>, Status> {
+        Ok(Response::new(v1::ShardStatesResponse {
+            initialized: self.shards.initialized().await,
+        }))
+    }
+
+    async fn settle(
+        &self,
+        request: Request<v1::PeerSettleRequest>,
+    ) -> Result<Response<v1::PeerSettleResponse>, Status> {
+        let request = request.into_inner();
+        let kind = if request.ack {
+            SettleKind::Ack
+        } else {
+            SettleKind::Nack
+        };
+        let outcomes = self
+            .settler
+            .settle_here(kind, request.delivery_ids)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(v1::PeerSettleResponse {
+            outcomes: outcomes
+                .into_iter()
+                .map(|outcome| v1::PeerSettleOutcome {
+                    delivery_id: outcome.delivery_id,
+                    code: outcome.code as i32,
+                    message: outcome.message,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn hand_back(
+        &self,
+        request: Request<v1::HandBackRequest>,
+    ) -> Result<Response<v1::HandBackResponse>, Status> {
+        let v1::HandBackRequest { shard_id, node_id } = request.into_inner();
+        let raft = self.raft(shard_id)?;
+        if self.shards.replicas().preferred_leader(shard_id) != node_id {
+            return Ok(Self::refuse(format!(
+                "node {node_id} is not the preferred replica of shard {shard_id}"
+            )));
+        }
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.shards.node_id()) {
+            return Ok(Self::refuse(format!(
+                "node {} does not lead shard {shard_id}",
+                self.shards.node_id()
+            )));
+        }
+        let last_log = metrics.last_log_index.unwrap_or(0);
+        let matched = metrics
+            .replication
+            .as_ref()
+            .and_then(|replication| replication.get(&node_id).cloned().flatten())
+            .map(|log_id| log_id.index)
+            .unwrap_or(0);
+        if matched + HAND_BACK_MAX_LAG < last_log {
+            return Ok(Self::refuse(format!(
+                "node {node_id} is {} entries behind on shard {shard_id}",
+                last_log - matched
+            )));
+        }
+        let Some(proposer) = self.proposers.get(shard_id).cloned() else {
+            return Ok(Self::refuse(format!(
+                "shard {shard_id} has no proposer here"
+            )));
+        };
+        let lease = self.shards.tuning().election_timeout_max;
+        let step_aside = lease * 2 + Duration::from_millis(500);
+        tracing::info!(
+            shard = shard_id,
+            to = node_id,
+            "handing the shard's leadership back to its preferred replica"
+        );
+        proposer.pause(step_aside);
+        raft.runtime_config().heartbeat(false);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(step_aside).await;
+            raft.runtime_config().heartbeat(true);
+            proposer.resume();
+        });
+        Ok(Response::new(v1::HandBackResponse {
+            accepted: true,
+            wait_ms: lease.as_millis() as u64,
+            reason: String::new(),
+        }))
+    }
+}
