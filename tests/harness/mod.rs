@@ -34,15 +34,22 @@ pub fn floret_binary() -> &'static str {
 impl FloretProcess {
     /// Starts a node on `data_dir` and waits until it serves.
     pub fn start(data_dir: &Path, extra_args: &[&str]) -> Self {
+        let mut args = vec!["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+        args.extend(extra_args.iter().map(|a| (*a).to_owned()));
+        Self::spawn(data_dir, &args).wait_ready()
+    }
+
+    /// Starts `floret serve --data-dir data_dir args...` without waiting for it.
+    pub fn spawn(data_dir: &Path, args: &[String]) -> Starting {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("node log file");
         let mut child = Command::new(floret_binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--data-dir"])
             .arg(data_dir)
-            .args(extra_args)
+            .args(args)
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -58,19 +65,9 @@ impl FloretProcess {
                 }
             }
         });
-        let address = match ready_rx.recv_timeout(START_DEADLINE) {
-            Ok(address) => address,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log =
-                    std::fs::read_to_string(data_dir.with_extension("log")).unwrap_or_default();
-                panic!("floret did not become ready within {START_DEADLINE:?}; its log:\n{log}");
-            }
-        };
-        Self {
-            child,
-            address,
+        Starting {
+            child: Some(child),
+            ready: ready_rx,
             data_dir: data_dir.to_path_buf(),
         }
     }
@@ -112,6 +109,153 @@ impl Drop for FloretProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A `floret serve` process that has not said it serves yet.
+pub struct Starting {
+    child: Option<Child>,
+    ready: mpsc::Receiver<String>,
+    data_dir: PathBuf,
+}
+
+impl Starting {
+    /// Waits for the node's ready line; panics with its log after [`START_DEADLINE`].
+    pub fn wait_ready(mut self) -> FloretProcess {
+        let mut child = self.child.take().expect("not waited twice");
+        match self.ready.recv_timeout(START_DEADLINE) {
+            Ok(address) => FloretProcess {
+                child,
+                address,
+                data_dir: self.data_dir.clone(),
+            },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = std::fs::read_to_string(self.data_dir.with_extension("log"))
+                    .unwrap_or_default();
+                panic!("floret did not become ready within {START_DEADLINE:?}; its log:\n{log}");
+            }
+        }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Serialises tests that start clusters: two clusters at once on two cores
+/// would starve each other's heartbeats.
+pub async fn one_cluster_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static CLUSTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    CLUSTERS.lock().await
+}
+
+/// Several `floret serve` processes forming one cluster on loopback.
+pub struct Cluster {
+    root: PathBuf,
+    ports: Vec<u16>,
+    extra_args: Vec<String>,
+    nodes: Vec<Option<FloretProcess>>,
+}
+
+impl Cluster {
+    /// Starts `size` nodes (ids 1..=size) under `root`, all at once, and
+    /// waits until every one serves.
+    pub fn start(root: &Path, size: usize, extra_args: &[&str]) -> Self {
+        let ports = free_ports(size);
+        let mut cluster = Self {
+            root: root.to_path_buf(),
+            ports,
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            nodes: (0..size).map(|_| None).collect(),
+        };
+        let starting: Vec<Starting> = (1..=size as u64).map(|id| cluster.spawn(id)).collect();
+        for (index, node) in starting.into_iter().enumerate() {
+            cluster.nodes[index] = Some(node.wait_ready());
+        }
+        cluster
+    }
+
+    fn spawn(&self, id: u64) -> Starting {
+        let peers = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(index, port)| format!("{}=127.0.0.1:{port}", index + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut args = vec![
+            "--node-id".to_owned(),
+            id.to_string(),
+            "--listen".to_owned(),
+            self.address(id),
+            "--peers".to_owned(),
+            peers,
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        FloretProcess::spawn(&self.data_dir(id), &args)
+    }
+
+    /// Node `id`'s data dir.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.root.join(format!("node-{id}"))
+    }
+
+    /// `host:port` of node `id` (whether it runs or not).
+    pub fn address(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.ports[id as usize - 1])
+    }
+
+    /// Every node's address, comma-separated, as the client takes them.
+    pub fn addresses(&self) -> String {
+        (1..=self.ports.len() as u64)
+            .map(|id| self.address(id))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A client of node `id`.
+    pub fn client(&self, id: u64) -> Client {
+        Client::connect_lazy(&self.address(id)).expect("valid address")
+    }
+
+    /// SIGKILL of node `id`.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut node) = self.nodes[id as usize - 1].take() {
+            node.kill();
+        }
+    }
+
+    /// Starts node `id` again (on whatever its data dir holds) and waits until it serves.
+    pub fn restart(&mut self, id: u64) {
+        self.kill(id);
+        let node = self.spawn(id).wait_ready();
+        self.nodes[id as usize - 1] = Some(node);
+    }
+
+    /// The leader of every shard, as the cluster reports it through node `via`.
+    pub async fn leaders(&self, via: u64) -> Vec<u64> {
+        match self.client(via).cluster_status().await {
+            Ok(status) => status.shards.iter().map(|s| s.leader_id).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// Ports the OS just gave out and took back: free unless someone races us.
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("bound").port())
+        .collect()
 }
 
 /// Runs `floret serve` expecting it to fail at start; returns its stderr.

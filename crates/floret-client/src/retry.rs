@@ -23,7 +23,7 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
+            max_backoff: Duration::from_secs(1),
             give_up_after: Duration::from_secs(30),
         }
     }
@@ -51,10 +51,18 @@ fn jitter_fraction() -> f64 {
     (RandomState::new().hash_one(0u8) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Whether a failed call may be retried: the server said it did nothing, or
-/// the call carries an idempotency sequence that makes a repeat harmless.
+/// Whether a failed call that carries an idempotency sequence may be
+/// retried: the server was unavailable, or the call broke off in transport
+/// (a node died mid-call: tonic reports UNKNOWN or CANCELLED) or timed out,
+/// so its outcome is unknown and a repeat with the same sequence is harmless.
 pub fn is_retryable(status: &tonic::Status) -> bool {
-    matches!(status.code(), tonic::Code::Unavailable)
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+    )
 }
 
 #[cfg(test)]

@@ -126,6 +126,9 @@ pub struct BatchingConfig {
     /// Entries a shard may have proposed and not yet committed; while they are
     /// in flight the next entry fills up.
     pub proposals_in_flight: usize,
+    /// How long a produce or ack waits for its entry to commit before it is
+    /// answered UNAVAILABLE (outcome unknown: no majority reachable), in ms.
+    pub commit_timeout_ms: u64,
 }
 
 /// Raft timing, in milliseconds.
@@ -191,6 +194,7 @@ impl Default for BatchingConfig {
             max_entry_ops: 1_024,
             max_entry_bytes: 1024 * 1024,
             proposals_in_flight: 2,
+            commit_timeout_ms: 5_000,
         }
     }
 }
@@ -360,9 +364,12 @@ impl Config {
         {
             return invalid("delivery.lease_timeout_ms must be in 1..=86400000".into());
         }
-        if self.batching.max_entry_ops == 0 || self.batching.proposals_in_flight == 0 {
+        if self.batching.max_entry_ops == 0
+            || self.batching.proposals_in_flight == 0
+            || self.batching.commit_timeout_ms == 0
+        {
             return invalid(
-                "batching.max_entry_ops and batching.proposals_in_flight must be > 0".into(),
+                "batching.max_entry_ops, batching.proposals_in_flight and batching.commit_timeout_ms must be > 0".into(),
             );
         }
         let raft = &self.raft;

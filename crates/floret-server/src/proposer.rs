@@ -147,6 +147,7 @@ async fn run(
     mut pending: mpsc::UnboundedReceiver<Proposal>,
 ) {
     let slots = Arc::new(Semaphore::new(batching.proposals_in_flight));
+    let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
     while let Some(first) = pending.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
@@ -167,15 +168,27 @@ async fn run(
         tokio::spawn(async move {
             let (ops, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.op, p.reply)).unzip();
-            let outcome = raft.client_write(Command { ops }).await;
+            let outcome =
+                tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
             drop(slot);
             match outcome {
-                Ok(response) => {
+                Err(_) => {
+                    let error = ProposeError::Unavailable {
+                        shard,
+                        reason: format!(
+                            "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
+                        ),
+                    };
+                    for reply in replies {
+                        let _caller_gone = reply.send(Err(error.clone()));
+                    }
+                }
+                Ok(Ok(response)) => {
                     for (reply, result) in replies.into_iter().zip(response.data.replies) {
                         let _caller_gone = reply.send(Ok(result));
                     }
                 }
-                Err(error) => {
+                Ok(Err(error)) => {
                     let error = propose_error(shard, error);
                     for reply in replies {
                         let _caller_gone = reply.send(Err(error.clone()));

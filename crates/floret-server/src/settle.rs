@@ -31,6 +31,9 @@ use crate::delivery_id::DeliveryId;
 use crate::dispatcher::{DispatcherHandle, DispatcherStopped, SettleKind, SettleOutcome};
 use crate::proposer::Proposers;
 
+/// How long settling on another node may take.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Acks and nacks for the services.
 #[derive(Clone)]
 pub struct Settler {
@@ -164,7 +167,14 @@ impl Settler {
             delivery_ids: ids.clone(),
         };
         let answer = match self.shards.peers().peer_client(node) {
-            Some(mut client) => client.settle(request).await.map(|a| a.into_inner()),
+            Some(mut client) => {
+                match tokio::time::timeout(FORWARD_TIMEOUT, client.settle(request)).await {
+                    Ok(answer) => answer.map(|a| a.into_inner()),
+                    Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                        "no answer within {FORWARD_TIMEOUT:?}"
+                    ))),
+                }
+            }
             None => Err(tonic::Status::unavailable(format!(
                 "node {node} is not a member"
             ))),

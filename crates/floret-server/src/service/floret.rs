@@ -59,6 +59,9 @@ impl FloretService {
     }
 }
 
+/// How long a forwarded produce may take (the leader's own commit timeout is shorter).
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Metadata key marking a produce one node forwarded to another.
 const FORWARDED: &str = "floret-forwarded-by";
 
@@ -79,9 +82,14 @@ impl FloretService {
             .insert(FORWARDED, self.shards.node_id().into());
         let mut client = v1::floret_client::FloretClient::new(channel)
             .max_encoding_message_size(self.limits.max_request_bytes);
-        match client.produce(forwarded).await {
-            Ok(response) => Ok(Response::new(response.into_inner())),
-            Err(remote) => Err(status::relayed(remote, shard, node)),
+        match tokio::time::timeout(FORWARD_TIMEOUT, client.produce(forwarded)).await {
+            Ok(Ok(response)) => Ok(Response::new(response.into_inner())),
+            Ok(Err(remote)) => Err(status::relayed(remote, shard, node)),
+            Err(_) => Err(status::leader_unreachable(
+                shard,
+                node,
+                &Status::deadline_exceeded(format!("no answer within {FORWARD_TIMEOUT:?}")),
+            )),
         }
     }
 }

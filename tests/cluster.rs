@@ -1,0 +1,528 @@
+//! Three real `floret serve` processes on loopback: any-node entry, leader
+//! failover under load, a lost majority, and a node that lost its data dir.
+//!
+//! One cluster runs at a time (two would starve each other's heartbeats on
+//! two cores). Every wait has a deadline; no test relies on a fixed sleep.
+
+mod harness;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floret_client::{Client, ConsumerEvent, Delivery, Message};
+use floret_cluster::ShardPlacement;
+use harness::{Cluster, eventually, one_cluster_at_a_time};
+use tonic::Code;
+
+/// Shards of the test clusters: several per node, few enough for two cores.
+const SHARDS: &str = "8";
+/// Upper bound for draining a test's messages.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(90);
+/// Credits of the test consumers: the in-flight window.
+const CREDITS: u32 = 32;
+
+fn message(producer: &str, counter: u64) -> Message {
+    Message {
+        payload: format!("{producer}:{counter}").into_bytes(),
+        headers: HashMap::from([("counter".to_owned(), counter.to_string())]),
+    }
+}
+
+fn key_of(delivery: &Delivery) -> (String, u64) {
+    let counter = delivery.headers["counter"].parse().expect("counter header");
+    (delivery.producer_id.clone(), counter)
+}
+
+/// What a consumer saw: every delivery in order, and the messages whose
+/// acks were answered OK.
+#[derive(Default)]
+struct Consumed {
+    deliveries: Vec<Delivery>,
+    acked: HashSet<(String, u64)>,
+    /// Deliveries of a message after its ack had been answered OK.
+    returned_after_ack: Vec<(String, u64)>,
+}
+
+impl Consumed {
+    fn first_deliveries(&self) -> HashSet<(String, u64)> {
+        self.deliveries.iter().map(key_of).collect()
+    }
+}
+
+/// Consumes through `address` until `stop` is set, acking every delivery
+/// on the stream and reopening the stream if it breaks.
+async fn consume_into(address: String, consumed: Arc<Mutex<Consumed>>, stop: Arc<AtomicBool>) {
+    let client = Client::connect_lazy(&address).expect("valid address");
+    let mut pending_acks: HashMap<String, (String, u64)> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut consumer) = client.consume("default", CREDITS).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        loop {
+            let event = tokio::select! {
+                event = consumer.next() => event,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if stop.load(Ordering::Relaxed) { return; }
+                    continue;
+                }
+            };
+            match event {
+                Ok(Some(ConsumerEvent::Delivery(delivery))) => {
+                    let key = key_of(&delivery);
+                    {
+                        let mut consumed = consumed.lock().unwrap();
+                        if consumed.acked.contains(&key) {
+                            consumed.returned_after_ack.push(key.clone());
+                        }
+                        consumed.deliveries.push(delivery.clone());
+                    }
+                    pending_acks.insert(delivery.delivery_id.clone(), key);
+                    if consumer.ack(vec![delivery.delivery_id]).await.is_err()
+                        || consumer.credit(1).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                Ok(Some(ConsumerEvent::Settled(outcomes))) => {
+                    let mut consumed = consumed.lock().unwrap();
+                    for outcome in outcomes {
+                        if let Some(key) = pending_acks.remove(&outcome.delivery_id)
+                            && outcome.code == Code::Ok as i32
+                        {
+                            consumed.acked.insert(key);
+                        }
+                    }
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Sends `messages_per_batch`-message batches for `producer` through
+/// `client` until `stop` is set or `batches` were sent, recording what was
+/// acknowledged; pauses `pace` between batches.
+async fn produce_into(
+    client: Client,
+    producer: String,
+    batches: u64,
+    messages_per_batch: u64,
+    pace: Duration,
+    acknowledged: Arc<Mutex<Vec<(String, u64)>>>,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
+    let mut idempotent = client.producer("default", &producer);
+    for batch in 0..batches {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let counters = batch * messages_per_batch..(batch + 1) * messages_per_batch;
+        let messages = counters.clone().map(|c| message(&producer, c)).collect();
+        idempotent
+            .send(messages)
+            .await
+            .map_err(|e| format!("{producer} batch {batch}: {e}"))?;
+        acknowledged
+            .lock()
+            .unwrap()
+            .extend(counters.map(|c| (producer.clone(), c)));
+        tokio::time::sleep(pace).await;
+    }
+    Ok(())
+}
+
+/// Per producer, whether first deliveries came in counter order.
+fn order_violations(deliveries: &[Delivery]) -> Vec<String> {
+    let mut seen: HashSet<(String, u64)> = HashSet::new();
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for delivery in deliveries {
+        let key = key_of(delivery);
+        if !seen.insert(key.clone()) {
+            continue;
+        }
+        if let Some(&previous) = last.get(&key.0)
+            && key.1 < previous
+        {
+            violations.push(format!("{} got {} after {previous}", key.0, key.1));
+        }
+        last.insert(key.0, key.1);
+    }
+    violations
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..9u64)
+        .map(|i| {
+            tokio::spawn(produce_into(
+                cluster.client(i % 3 + 1),
+                format!("tenant-{i}"),
+                20,
+                10,
+                Duration::ZERO,
+                acknowledged.clone(),
+                never.clone(),
+            ))
+        })
+        .collect();
+    for producer in producers {
+        producer.await.unwrap().expect("produce");
+    }
+    let consumed: Arc<Mutex<Consumed>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn(consume_into(
+        cluster.address(2),
+        consumed.clone(),
+        stop.clone(),
+    ));
+    eventually(
+        DRAIN_DEADLINE,
+        "draining 1,800 messages through node 2",
+        || {
+            let consumed = consumed.clone();
+            async move {
+                let consumed = consumed.lock().unwrap();
+                consumed.deliveries.len() >= 1_800 && consumed.acked.len() >= 1_800
+            }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.unwrap();
+
+    {
+        let consumed = consumed.lock().unwrap();
+        let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+        assert_eq!(expected.len(), 1_800);
+        assert_eq!(consumed.first_deliveries(), expected);
+        assert_eq!(
+            consumed.deliveries.len(),
+            1_800,
+            "duplicates without a fault"
+        );
+        assert!(consumed.deliveries.iter().all(|d| d.attempt == 1));
+        assert_eq!(order_violations(&consumed.deliveries), Vec::<String>::new());
+    }
+    let stats = cluster.client(3).queue_stats("default").await.unwrap();
+    assert_eq!(stats.queues[0].backlog_messages, 0, "acks not applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let victim = cluster.leaders(1).await[0];
+    assert_ne!(victim, 0, "shard 0 has a leader");
+    let survivor = victim % 3 + 1;
+
+    let consumed: Arc<Mutex<Consumed>> = Arc::default();
+    let stop_consuming = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn(consume_into(
+        cluster.address(survivor),
+        consumed.clone(),
+        stop_consuming.clone(),
+    ));
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let every_node = Client::connect_lazy(&cluster.addresses()).unwrap();
+    let placement = ShardPlacement::new(SHARDS.parse().unwrap());
+    let on_shard_0: Vec<String> = (0..)
+        .map(|i| format!("tenant-{i}"))
+        .filter(|p| placement.shard_of("default", p) == 0)
+        .take(3)
+        .collect();
+    let tenants: Vec<String> = (0..9)
+        .map(|i| format!("tenant-{i}"))
+        .chain(on_shard_0.iter().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let producers: Vec<_> = tenants
+        .iter()
+        .map(|tenant| {
+            tokio::spawn(produce_into(
+                every_node.clone(),
+                tenant.clone(),
+                u64::MAX,
+                4,
+                Duration::from_millis(20),
+                acknowledged.clone(),
+                stop_producing.clone(),
+            ))
+        })
+        .collect();
+    let acked_count = || {
+        let acknowledged = acknowledged.clone();
+        move || {
+            let count = acknowledged.lock().unwrap().len();
+            async move { count }
+        }
+    };
+    let count_now = acked_count();
+    eventually(Duration::from_secs(30), "500 acknowledged produces", || {
+        let count = count_now();
+        async move { count.await >= 500 }
+    })
+    .await;
+
+    cluster.kill(victim);
+    let killed_at = Instant::now();
+    let before_kill = acknowledged.lock().unwrap().len();
+    eventually(
+        Duration::from_secs(30),
+        "an acknowledged produce on shard 0 after its leader was killed",
+        || {
+            let (acknowledged, on_shard_0) = (acknowledged.clone(), on_shard_0.clone());
+            async move {
+                acknowledged.lock().unwrap()[before_kill..]
+                    .iter()
+                    .any(|(producer, _)| on_shard_0.contains(producer))
+            }
+        },
+    )
+    .await;
+    let recovered_after = killed_at.elapsed();
+    let new_leader = cluster.leaders(survivor).await[0];
+    assert!(
+        new_leader != victim && new_leader != 0,
+        "shard 0 is led by {new_leader} after its leader {victim} was killed"
+    );
+    let count_now = acked_count();
+    eventually(
+        Duration::from_secs(30),
+        "300 more acknowledged produces after the failover",
+        || {
+            let count = count_now();
+            async move { count.await >= before_kill + 300 }
+        },
+    )
+    .await;
+    cluster.restart(victim);
+    let before_restart = acknowledged.lock().unwrap().len();
+    let count_now = acked_count();
+    eventually(
+        Duration::from_secs(30),
+        "300 more acknowledged produces after the restart",
+        || {
+            let count = count_now();
+            async move { count.await >= before_restart + 300 }
+        },
+    )
+    .await;
+    stop_producing.store(true, Ordering::Relaxed);
+    for producer in producers {
+        producer
+            .await
+            .unwrap()
+            .expect("no produce failed across the failover");
+    }
+
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    eventually(
+        DRAIN_DEADLINE,
+        "every acknowledged message delivered",
+        || {
+            let (consumed, expected) = (consumed.clone(), expected.clone());
+            async move {
+                let consumed = consumed.lock().unwrap();
+                expected.is_subset(&consumed.first_deliveries())
+            }
+        },
+    )
+    .await;
+    stop_consuming.store(true, Ordering::Relaxed);
+    consumer.await.unwrap();
+
+    let consumed = consumed.lock().unwrap();
+    let delivered = consumed.first_deliveries();
+    assert!(
+        delivered.is_subset(&expected),
+        "delivered what no producer sent"
+    );
+    assert_eq!(consumed.returned_after_ack, Vec::<(String, u64)>::new());
+    assert_eq!(order_violations(&consumed.deliveries), Vec::<String>::new());
+    let duplicates = consumed.deliveries.len() - delivered.len();
+    // One in-flight window lost with the killed leader's leases, one more
+    // when its shards' leadership returns to it.
+    assert!(
+        duplicates <= 2 * (CREDITS as usize + 3),
+        "{duplicates} duplicates for an in-flight window of {CREDITS}"
+    );
+    eprintln!(
+        "{} acknowledged, {} deliveries, {duplicates} duplicates; produce on the killed leader's shard resumed {recovered_after:?} after the kill",
+        expected.len(),
+        consumed.deliveries.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_acknowledged_without_a_majority() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    for i in 0..4u64 {
+        produce_into(
+            cluster.client(1),
+            format!("tenant-{i}"),
+            5,
+            5,
+            Duration::ZERO,
+            acknowledged.clone(),
+            never.clone(),
+        )
+        .await
+        .expect("produce with every node up");
+    }
+
+    cluster.kill(2);
+    cluster.kill(3);
+    let survivor = cluster.client(1);
+    let refused = Arc::new(AtomicU64::new(0));
+    let attempts = (0..8u64).map(|i| {
+        let (survivor, refused) = (survivor.clone(), refused.clone());
+        async move {
+            let started = Instant::now();
+            let producer = format!("tenant-{i}");
+            let result = survivor
+                .produce("default", &producer, vec![message(&producer, 1_000)])
+                .await;
+            match result {
+                Err(floret_client::ClientError::Status(status))
+                    if status.code() == Code::Unavailable =>
+                {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    assert!(
+                        started.elapsed() < Duration::from_secs(15),
+                        "refusal took {:?}",
+                        started.elapsed()
+                    );
+                }
+                other => panic!("produce with two of three nodes down answered {other:?}"),
+            }
+        }
+    });
+    futures::future::join_all(attempts).await;
+    assert_eq!(refused.load(Ordering::Relaxed), 8);
+    let status = survivor
+        .cluster_status()
+        .await
+        .expect("status still answers");
+    let reachable: Vec<bool> = status.nodes.iter().map(|n| n.reachable).collect();
+    assert_eq!(reachable, [true, false, false]);
+
+    cluster.restart(2);
+    cluster.restart(3);
+    let consumed: Arc<Mutex<Consumed>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn(consume_into(
+        cluster.address(3),
+        consumed.clone(),
+        stop.clone(),
+    ));
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    eventually(
+        DRAIN_DEADLINE,
+        "every acknowledged message delivered",
+        || {
+            let (consumed, expected) = (consumed.clone(), expected.clone());
+            async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_with_wiped_data_dir_stays_behind() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("floret.toml");
+    std::fs::write(
+        &config,
+        "[raft]\nsnapshot_every_entries = 50\nlogs_kept_after_snapshot = 5\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS, "--config", &config]);
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..10u64)
+        .map(|i| {
+            tokio::spawn(produce_into(
+                cluster.client(i % 2 + 1),
+                format!("tenant-{i}"),
+                100,
+                1,
+                Duration::ZERO,
+                acknowledged.clone(),
+                never.clone(),
+            ))
+        })
+        .collect();
+    for producer in producers {
+        producer.await.unwrap().expect("produce");
+    }
+
+    cluster.kill(3);
+    std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
+    cluster.restart(3);
+    let rejoined = cluster.client(3);
+    eventually(
+        Duration::from_secs(60),
+        "node 3 caught up on every shard",
+        || {
+            let rejoined = rejoined.clone();
+            async move {
+                let Ok(status) = rejoined.cluster_status().await else {
+                    return false;
+                };
+                status.shards.iter().all(|shard| {
+                    shard
+                        .replicas
+                        .iter()
+                        .any(|r| r.node_id == 3 && r.reachable && r.lag == 0 && r.applied_index > 0)
+                })
+            }
+        },
+    )
+    .await;
+    let held_by_node_3 = rejoined.queue_stats("default").await.unwrap();
+    assert_eq!(
+        held_by_node_3.queues[0].backlog_messages, 1_000,
+        "node 3's own replicas after catching up"
+    );
+
+    cluster.kill(1);
+    let consumed: Arc<Mutex<Consumed>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn(consume_into(
+        cluster.address(3),
+        consumed.clone(),
+        stop.clone(),
+    ));
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    eventually(
+        DRAIN_DEADLINE,
+        "every message delivered by nodes 2 and 3",
+        || {
+            let (consumed, expected) = (consumed.clone(), expected.clone());
+            async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
+        },
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.unwrap();
+}
