@@ -1,10 +1,11 @@
-//! The `floret` binary: run a node (`serve`), and talk to one (`produce`,
-//! `consume`, `status`).
+//! The `floret` binary: run a node (`serve`) or a local cluster (`dev`), and
+//! talk to one (`produce`, `consume`, `status`).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - `dev` (a local multi-node cluster) and `bench` come with the cluster.
+//! - `bench` comes with the benchmark issue.
 
 mod consume;
+mod dev;
 mod load;
 mod produce;
 mod serve;
@@ -30,6 +31,8 @@ struct Cli {
 enum Command {
     /// Run a node.
     Serve(serve::ServeArgs),
+    /// Run a local cluster (three nodes by default) in this process.
+    Dev(dev::DevArgs),
     /// Send messages: from arguments, from stdin lines, or a generated load.
     Produce(produce::ProduceArgs),
     /// Receive messages, print one JSON line each, and ack them.
@@ -41,7 +44,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_log = match cli.command {
-        Command::Serve(_) => "info,openraft=warn,sled=warn",
+        Command::Serve(_) | Command::Dev(_) => "info,openraft=warn,sled=warn",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
+            Command::Dev(args) => dev::run(args).await,
             Command::Produce(args) => produce::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,

@@ -1,5 +1,6 @@
-//! `floret status`: shards with their leaders and indexes, then per-queue
-//! and per-producer statistics; a table, or `--json`.
+//! `floret status`: the cluster's nodes (reachable, shards led), every
+//! shard with its leader, preferred leader and each replica's lag, then
+//! per-queue and per-producer statistics; a table, or `--json`.
 
 use floret_client::Client;
 
@@ -28,10 +29,17 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     if args.json {
         let json = serde_json::json!({
             "node_id": cluster.node_id,
-            "nodes": cluster.nodes.iter().map(|n| serde_json::json!({"node_id": n.node_id, "address": n.address})).collect::<Vec<_>>(),
+            "nodes": cluster.nodes.iter().map(|n| serde_json::json!({
+                "node_id": n.node_id, "address": n.address, "reachable": n.reachable,
+                "shards_led": n.shards_led, "error": n.error,
+            })).collect::<Vec<_>>(),
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
-                "shard_id": s.shard_id, "leader_id": s.leader_id, "term": s.term,
-                "applied_index": s.applied_index, "last_log_index": s.last_log_index, "voters": s.voters,
+                "shard_id": s.shard_id, "leader_id": s.leader_id, "preferred_leader_id": s.preferred_leader_id,
+                "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index,
+                "voters": s.voters,
+                "replicas": s.replicas.iter().map(|r| serde_json::json!({
+                    "node_id": r.node_id, "reachable": r.reachable, "applied_index": r.applied_index, "lag": r.lag,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "queues": stats.queues.iter().map(|q| serde_json::json!({
                 "queue": q.queue, "backlog_messages": q.backlog_messages, "backlog_bytes": q.backlog_bytes,
@@ -47,13 +55,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    println!("node {} ({} nodes)", cluster.node_id, cluster.nodes.len());
+    println!(
+        "asked node {} ({} nodes)\n\n{:>5}  {:<24}  {:<11}  {:>10}",
+        cluster.node_id,
+        cluster.nodes.len(),
+        "node",
+        "address",
+        "state",
+        "shards led"
+    );
     for node in &cluster.nodes {
-        println!("  node {:>3}  {}", node.node_id, node.address);
+        let state = if node.reachable { "up" } else { "unreachable" };
+        println!(
+            "{:>5}  {:<24}  {:<11}  {:>10}{}",
+            node.node_id,
+            node.address,
+            state,
+            node.shards_led,
+            if node.error.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", node.error)
+            }
+        );
     }
     println!(
-        "\n{:>5}  {:>6}  {:>5}  {:>12}  {:>12}",
-        "shard", "leader", "term", "applied", "last log"
+        "\n{:>5}  {:>6}  {:>9}  {:>5}  {:>10}  replicas (node:lag, ? = no answer)",
+        "shard", "leader", "preferred", "term", "last log"
     );
     for shard in &cluster.shards {
         let leader = if shard.leader_id == 0 {
@@ -61,9 +89,25 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         } else {
             shard.leader_id.to_string()
         };
+        let replicas: Vec<String> = shard
+            .replicas
+            .iter()
+            .map(|r| {
+                if r.reachable {
+                    format!("{}:{}", r.node_id, r.lag)
+                } else {
+                    format!("{}:?", r.node_id)
+                }
+            })
+            .collect();
         println!(
-            "{:>5}  {:>6}  {:>5}  {:>12}  {:>12}",
-            shard.shard_id, leader, shard.term, shard.applied_index, shard.last_log_index
+            "{:>5}  {:>6}  {:>9}  {:>5}  {:>10}  {}",
+            shard.shard_id,
+            leader,
+            shard.preferred_leader_id,
+            shard.term,
+            shard.last_log_index,
+            replicas.join(" ")
         );
     }
     for queue in &stats.queues {

@@ -1,0 +1,103 @@
+//! `floret dev`: a local cluster in one command, for trying floret out.
+//!
+//! Starts `--nodes` nodes in this process on consecutive ports of
+//! `--host`, each with its own data dir under `--data-dir`, all with the
+//! default configuration; prints where they are; stops them all on Ctrl-C.
+//! Run it again on the same data dir and the same cluster comes back.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - All nodes share one process, so killing it kills the whole cluster; to
+//!   kill single nodes run separate `floret serve` processes
+//!   (`deploy/local-cluster.sh`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use floret_server::Node;
+use floret_server::config::{Config, PeerConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// How long the cluster may take to elect every shard's leader.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(clap::Args)]
+pub struct DevArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// Address the nodes listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port of node 1; node N listens on base_port + N - 1.
+    #[arg(long, default_value_t = 7701)]
+    base_port: u16,
+    /// Folder holding one data dir per node (node-1, node-2, ...).
+    #[arg(long, default_value = "floret-dev")]
+    data_dir: PathBuf,
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
+    let address = |id: u16| SocketAddr::new(args.host, args.base_port + id - 1);
+    let peers: Vec<PeerConfig> = (1..=args.nodes)
+        .map(|id| PeerConfig {
+            id: u64::from(id),
+            address: address(id).to_string(),
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for id in 1..=args.nodes {
+        let config = Config {
+            node_id: u64::from(id),
+            listen: address(id),
+            data_dir: args.data_dir.join(format!("node-{id}")),
+            peers: peers.clone(),
+            ..Config::default()
+        };
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let data_dir = config.data_dir.clone();
+        nodes.push((id, data_dir, Node::start(config, listener).await?));
+    }
+    for (_, _, node) in &nodes {
+        node.wait_ready(READY_TIMEOUT).await?;
+    }
+    println!("floret dev cluster of {} nodes is up:", args.nodes);
+    for (id, data_dir, node) in &nodes {
+        println!(
+            "  node {id}  {}  data dir {}",
+            node.address(),
+            data_dir.display()
+        );
+    }
+    let all: Vec<String> = nodes
+        .iter()
+        .map(|(_, _, n)| n.address().to_string())
+        .collect();
+    println!(
+        "try:  floret produce --addr {} hello\n      floret consume --addr {} --count 1\n      floret status --addr {}\nCtrl-C stops every node.",
+        all[0],
+        all[all.len() - 1],
+        all[0]
+    );
+    let (stop, stopped) = watch::channel(false);
+    let running: Vec<_> = nodes
+        .into_iter()
+        .map(|(_, _, node)| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(node.serve_until(async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }))
+        })
+        .collect();
+    crate::serve::shutdown_signal().await;
+    let _ = stop.send(true);
+    for node in running {
+        node.await.context("a node's task failed")?;
+    }
+    Ok(())
+}
