@@ -212,8 +212,19 @@ async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
         assert!(consumed.deliveries.iter().all(|d| d.attempt == 1));
         assert_eq!(order_violations(&consumed.deliveries), Vec::<String>::new());
     }
-    let stats = cluster.client(3).queue_stats("default").await.unwrap();
-    assert_eq!(stats.queues[0].backlog_messages, 0, "acks not applied");
+    let follower_view = cluster.client(3);
+    eventually(
+        Duration::from_secs(10),
+        "every ack applied on node 3",
+        || {
+            let follower_view = follower_view.clone();
+            async move {
+                let stats = follower_view.queue_stats("default").await.unwrap();
+                stats.queues[0].backlog_messages == 0
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,8 +232,7 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
-    let victim = cluster.leaders(1).await[0];
-    assert_ne!(victim, 0, "shard 0 has a leader");
+    let victim = cluster.leader_of(0, 1).await;
     let survivor = victim % 3 + 1;
 
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
@@ -275,9 +285,9 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     })
     .await;
 
+    let before_kill = acknowledged.lock().unwrap().len();
     cluster.kill(victim);
     let killed_at = Instant::now();
-    let before_kill = acknowledged.lock().unwrap().len();
     eventually(
         Duration::from_secs(30),
         "an acknowledged produce on shard 0 after its leader was killed",
@@ -292,11 +302,8 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     )
     .await;
     let recovered_after = killed_at.elapsed();
-    let new_leader = cluster.leaders(survivor).await[0];
-    assert!(
-        new_leader != victim && new_leader != 0,
-        "shard 0 is led by {new_leader} after its leader {victim} was killed"
-    );
+    let new_leader = cluster.leader_of(0, survivor).await;
+    assert_ne!(new_leader, victim, "shard 0 still led by the killed node");
     let count_now = acked_count();
     eventually(
         Duration::from_secs(30),
@@ -307,7 +314,7 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
         },
     )
     .await;
-    cluster.restart(victim);
+    tokio::task::block_in_place(|| cluster.restart(victim));
     let before_restart = acknowledged.lock().unwrap().len();
     let count_now = acked_count();
     eventually(
@@ -422,8 +429,10 @@ async fn produce_acknowledged_without_a_majority() {
     let reachable: Vec<bool> = status.nodes.iter().map(|n| n.reachable).collect();
     assert_eq!(reachable, [true, false, false]);
 
-    cluster.restart(2);
-    cluster.restart(3);
+    tokio::task::block_in_place(|| {
+        cluster.restart(2);
+        cluster.restart(3);
+    });
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let consumer = tokio::spawn(consume_into(
@@ -476,9 +485,21 @@ async fn node_with_wiped_data_dir_stays_behind() {
         producer.await.unwrap().expect("produce");
     }
 
+    let node_3_log = cluster.data_dir(3).with_extension("log");
+    let foundings = || {
+        std::fs::read_to_string(&node_3_log)
+            .unwrap()
+            .matches("founding shard")
+            .count()
+    };
+    let founded_before_wipe = foundings();
+    assert!(
+        founded_before_wipe > 0,
+        "node 3 founded its preferred shards"
+    );
     cluster.kill(3);
     std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
-    cluster.restart(3);
+    tokio::task::block_in_place(|| cluster.restart(3));
     let rejoined = cluster.client(3);
     eventually(
         Duration::from_secs(60),
@@ -499,6 +520,11 @@ async fn node_with_wiped_data_dir_stays_behind() {
         },
     )
     .await;
+    assert_eq!(
+        foundings(),
+        founded_before_wipe,
+        "node 3 founded a shard again after losing its data dir"
+    );
     let held_by_node_3 = rejoined.queue_stats("default").await.unwrap();
     assert_eq!(
         held_by_node_3.queues[0].backlog_messages, 1_000,

@@ -337,6 +337,16 @@ async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
         Code::NotFound
     );
     assert_eq!(
+        status_code(
+            client
+                .ack(vec!["999-0-1-7-defaultnobody".into()])
+                .await
+                .unwrap_err()
+        ),
+        Code::NotFound,
+        "a delivery id naming a shard that does not exist"
+    );
+    assert_eq!(
         status_code(client.ack(vec![]).await.unwrap_err()),
         Code::InvalidArgument
     );
@@ -442,17 +452,40 @@ async fn standard_grpc_tools_cannot_see_health_or_services() {
 }
 
 #[test]
+fn one_node_data_dir_silently_joined_to_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("node");
+    let mut node = FloretProcess::start(&data_dir, &[]);
+    node.terminate();
+    assert!(node.wait_exit(Duration::from_secs(30)).is_some());
+    let stderr = start_expecting_failure(
+        &data_dir,
+        &[
+            "--node-id",
+            "1",
+            "--peers",
+            "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3",
+        ],
+    );
+    assert!(
+        stderr.contains("belongs to a cluster of members [1]")
+            && stderr.contains("not supported yet"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn foreign_or_busy_data_dir_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let foreign = dir.path().join("foreign");
     std::fs::create_dir_all(&foreign).unwrap();
     std::fs::write(foreign.join("important.txt"), "not floret's").unwrap();
-    let stderr = start_expecting_failure(&foreign);
+    let stderr = start_expecting_failure(&foreign, &[]);
     assert!(stderr.contains("not a floret data dir"), "{stderr}");
 
     let busy = dir.path().join("busy");
     let _running = FloretProcess::start(&busy, &[]);
-    let stderr = start_expecting_failure(&busy);
+    let stderr = start_expecting_failure(&busy, &[]);
     assert!(
         stderr.contains("in use by another running floret node"),
         "{stderr}"

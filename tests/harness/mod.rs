@@ -238,12 +238,28 @@ impl Cluster {
         self.nodes[id as usize - 1] = Some(node);
     }
 
-    /// The leader of every shard, as the cluster reports it through node `via`.
-    pub async fn leaders(&self, via: u64) -> Vec<u64> {
-        match self.client(via).cluster_status().await {
-            Ok(status) => status.shards.iter().map(|s| s.leader_id).collect(),
-            Err(_) => Vec::new(),
+    /// The leader of `shard` as node `via` reports it, once there is one
+    /// (panics after [`START_DEADLINE`]).
+    pub async fn leader_of(&self, shard: u32, via: u64) -> u64 {
+        let client = self.client(via);
+        let until = Instant::now() + START_DEADLINE;
+        while Instant::now() < until {
+            if let Ok(status) = client.cluster_status().await
+                && let Some(leader) = status
+                    .shards
+                    .iter()
+                    .find(|s| s.shard_id == shard && s.leader_id != 0)
+                    .map(|s| s.leader_id)
+                && status
+                    .nodes
+                    .iter()
+                    .any(|n| n.node_id == leader && n.reachable)
+            {
+                return leader;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        panic!("shard {shard} has no reachable leader after {START_DEADLINE:?}");
     }
 }
 
@@ -259,10 +275,11 @@ fn free_ports(count: usize) -> Vec<u16> {
 }
 
 /// Runs `floret serve` expecting it to fail at start; returns its stderr.
-pub fn start_expecting_failure(data_dir: &Path) -> String {
+pub fn start_expecting_failure(data_dir: &Path, extra_args: &[&str]) -> String {
     let output = Command::new(floret_binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
+        .args(extra_args)
         .stdin(Stdio::null())
         .output()
         .expect("run floret serve");

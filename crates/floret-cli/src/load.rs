@@ -2,6 +2,11 @@
 //! `producers` producers, `batch` per request, `concurrency` requests in
 //! flight; reports throughput and request latency percentiles. A worker
 //! stops at its first failed request, so a dead node ends the run quickly.
+//!
+//! With `idempotent`, every producer is owned by one worker and sends
+//! through the client's [`floret_client::Producer`], which retries with the
+//! same idempotency sequence: the run rides out a leader failover, and the
+//! longest request latency shows how long the failover stalled a producer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +23,7 @@ pub struct LoadSpec {
     pub producers: usize,
     pub batch: usize,
     pub concurrency: usize,
+    pub idempotent: bool,
 }
 
 /// What a load run measured.
@@ -35,8 +41,18 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
     let payload = vec![b'x'; spec.size];
     let started = Instant::now();
     let mut workers = Vec::with_capacity(spec.concurrency);
-    for _ in 0..spec.concurrency {
+    let concurrency = if spec.idempotent {
+        spec.concurrency.min(spec.producers)
+    } else {
+        spec.concurrency
+    };
+    for worker in 0..concurrency {
         let client = client.clone();
+        let mut own_producers: Vec<_> = (worker..spec.producers)
+            .step_by(concurrency)
+            .map(|p| client.producer(&spec.queue, &format!("{}-{p}", spec.producer_prefix)))
+            .collect();
+        let idempotent = spec.idempotent;
         let next_batch = next_batch.clone();
         let payload = payload.clone();
         let queue = spec.queue.clone();
@@ -46,6 +62,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
             let mut latencies = Vec::new();
             let mut sent = 0u64;
             let mut failures = 0u64;
+            let mut turn = 0usize;
             loop {
                 let index = next_batch.fetch_add(1, Ordering::Relaxed);
                 if index >= batches {
@@ -60,7 +77,14 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     })
                     .collect();
                 let sent_at = Instant::now();
-                match client.produce(&queue, &producer, messages).await {
+                let result = if idempotent {
+                    turn += 1;
+                    let own = own_producers.len();
+                    own_producers[turn % own].send(messages).await
+                } else {
+                    client.produce(&queue, &producer, messages).await
+                };
+                match result {
                     Ok(_) => {
                         latencies.push(sent_at.elapsed());
                         sent += in_batch;
@@ -115,6 +139,7 @@ impl LoadReport {
             self.percentile(0.99),
             self.percentile(0.999),
         );
+        let max = self.latencies.last().copied().unwrap_or_default();
         if json {
             println!(
                 "{}",
@@ -124,16 +149,17 @@ impl LoadReport {
                     "seconds": seconds,
                     "messages_per_second": rate,
                     "megabytes_per_second": mb_per_second,
-                    "latency_ms": {"p50": ms(p50), "p99": ms(p99), "p999": ms(p999)},
+                    "latency_ms": {"p50": ms(p50), "p99": ms(p99), "p999": ms(p999), "max": ms(max)},
                 })
             );
         } else {
             println!(
-                "produced {} messages in {seconds:.2} s: {rate:.0} msg/s, {mb_per_second:.2} MB/s; request latency p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms; {} failed requests",
+                "produced {} messages in {seconds:.2} s: {rate:.0} msg/s, {mb_per_second:.2} MB/s; request latency p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms; {} failed requests",
                 self.messages,
                 ms(p50),
                 ms(p99),
                 ms(p999),
+                ms(max),
                 self.failures
             );
         }

@@ -41,6 +41,10 @@ pub struct ProduceArgs {
     /// Produce requests in flight at once (generated load).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Generated load: give each producer idempotency sequences and retry
+    /// UNAVAILABLE and broken calls (concurrency is capped at --producers).
+    #[arg(long)]
+    idempotent: bool,
     /// Print the load summary as JSON.
     #[arg(long)]
     json: bool,
@@ -57,6 +61,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             producers: args.producers.max(1),
             batch: args.batch.max(1),
             concurrency: args.concurrency.max(1),
+            idempotent: args.idempotent,
         };
         let report = load::produce(&client, &spec).await?;
         report.print(args.json);

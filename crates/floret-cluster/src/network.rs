@@ -8,6 +8,12 @@
 //! openraft back off and retry. Snapshots travel in openraft's chunks
 //! (`RaftTuning::snapshot_chunk_bytes`), never as one message.
 //!
+//! An append larger than [`APPEND_TARGET_BYTES`] is not sent: openraft is
+//! told the payload is too large, with how many entries would fit, and
+//! sends fewer. openraft gives each append only the heartbeat interval, so
+//! a lagging follower catches up in bounded steps instead of timing out on
+//! one huge message forever.
+//!
 //! [`encode`] and [`decode`] are shared with the serving side.
 //!
 //! IMPLEMENTATION CAVEATS
@@ -18,7 +24,9 @@ use std::sync::Arc;
 use floret_proto::peer::v1::RaftMessage;
 use floret_store::{NodeId, ShardId, TypeConfig};
 use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -28,6 +36,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::peers::Peers;
+
+/// Largest encoded append-entries request sent in one call.
+pub const APPEND_TARGET_BYTES: usize = 4 * 1024 * 1024;
 
 /// Encodes an openraft value for the wire.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -90,14 +101,13 @@ impl PeerLink {
         RPCError::Unreachable(Unreachable::new(&reason))
     }
 
-    async fn call<Req, Resp, E>(
+    async fn call<Resp, E>(
         &self,
         rpc: RaftRpc,
-        request: &Req,
+        payload: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
-        Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
@@ -106,7 +116,7 @@ impl PeerLink {
         };
         let message = RaftMessage {
             shard_id: self.shard,
-            payload: encode(request),
+            payload,
         };
         let call = async {
             match rpc {
@@ -138,7 +148,15 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(RaftRpc::AppendEntries, &rpc, &option).await
+        let payload = encode(&rpc);
+        let entries = rpc.entries.len();
+        if payload.len() > APPEND_TARGET_BYTES && entries > 1 {
+            let fitting = (entries * APPEND_TARGET_BYTES / payload.len()).max(1);
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fitting as u64),
+            ));
+        }
+        self.call(RaftRpc::AppendEntries, payload, &option).await
     }
 
     async fn install_snapshot(
@@ -149,7 +167,8 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(RaftRpc::InstallSnapshot, &rpc, &option).await
+        self.call(RaftRpc::InstallSnapshot, encode(&rpc), &option)
+            .await
     }
 
     async fn vote(
@@ -157,6 +176,6 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(RaftRpc::Vote, &rpc, &option).await
+        self.call(RaftRpc::Vote, encode(&rpc), &option).await
     }
 }

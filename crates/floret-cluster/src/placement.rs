@@ -107,6 +107,7 @@ impl Hash for VirtualNode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaPlacement {
     replicas: Vec<Vec<NodeId>>,
+    description: String,
 }
 
 impl ReplicaPlacement {
@@ -152,7 +153,20 @@ impl ReplicaPlacement {
                 set
             })
             .collect();
-        Self { replicas }
+        let description = format!(
+            "members {members:?} with replication factor {}",
+            replication_factor.max(1)
+        );
+        Self {
+            replicas,
+            description,
+        }
+    }
+
+    /// What the placement follows from (member ids, replication factor):
+    /// equal descriptions give equal replica sets.
+    pub fn description(&self) -> &str {
+        &self.description
     }
 
     /// The nodes holding `shard`, preferred leader first.

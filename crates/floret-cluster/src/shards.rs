@@ -128,6 +128,7 @@ impl Shards {
         database.claim_shard_count(shard_count)?;
         let node_id = peers.node_id();
         let replicas = ReplicaPlacement::new(shard_count, &peers.node_ids(), replication_factor);
+        database.claim_placement(replicas.description())?;
         let config =
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
         let mut groups = BTreeMap::new();
@@ -260,10 +261,19 @@ impl Shards {
                     tokio::time::timeout(PROBE_TIMEOUT, client.shard_states(ShardStatesRequest {}))
                         .await;
                 match answer {
-                    Ok(Ok(states)) => (
-                        node,
-                        Some(states.into_inner().initialized.into_iter().collect()),
-                    ),
+                    Ok(Ok(states)) => {
+                        let states = states.into_inner();
+                        if states.placement != self.replicas.description() {
+                            tracing::error!(
+                                node,
+                                theirs = states.placement,
+                                ours = self.replicas.description(),
+                                "peer is configured with another cluster placement; not founding shards with it"
+                            );
+                            return (node, None);
+                        }
+                        (node, Some(states.initialized.into_iter().collect()))
+                    }
                     Ok(Err(status)) => {
                         tracing::debug!(node, %status, "peer did not say which shards it has");
                         (node, None)
@@ -278,15 +288,24 @@ impl Shards {
             .collect()
     }
 
-    /// The shards whose replica here has a membership (was founded or joined).
-    pub async fn initialized(&self) -> Vec<ShardId> {
+    /// The shards whose replica here has a membership or a vote (was
+    /// founded, joined, or took part in an election): a group that exists.
+    pub async fn initialized(&self) -> Result<Vec<ShardId>, ShardsError> {
         let mut initialized = Vec::new();
         for group in self.groups.values() {
-            if group.raft.is_initialized().await.unwrap_or(false) {
+            let exists = group
+                .raft
+                .is_initialized()
+                .await
+                .map_err(|e| ShardsError::Raft {
+                    shard: group.id,
+                    reason: e.to_string(),
+                })?;
+            if exists {
                 initialized.push(group.id);
             }
         }
-        initialized
+        Ok(initialized)
     }
 
     /// This node's id.

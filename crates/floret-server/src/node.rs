@@ -159,9 +159,14 @@ impl Node {
             config.limits.clone(),
         ))
         .max_decoding_message_size(config.limits.max_request_bytes);
-        let peer = PeerServer::new(PeerService::new(shards.clone(), settler, proposers))
-            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+        let peer = PeerServer::new(PeerService::new(
+            shards.clone(),
+            settler,
+            proposers,
+            dispatcher.clone(),
+        ))
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
         let admin = AdminServer::new(AdminService::new(
             shards.clone(),
             dispatcher,

@@ -53,8 +53,8 @@ pub fn producer_id(producer: &str) -> Result<String, Status> {
     Ok(producer.to_owned())
 }
 
-/// The messages of a produce request, within the node's limits.
-pub fn messages(messages: Vec<v1::Message>, limits: &Limits) -> Result<Vec<NewMessage>, Status> {
+/// Checks a produce request's messages against the node's limits.
+pub fn check_messages(messages: &[v1::Message], limits: &Limits) -> Result<(), Status> {
     if messages.is_empty() {
         return Err(Status::invalid_argument(
             "a produce needs at least one message",
@@ -67,30 +67,35 @@ pub fn messages(messages: Vec<v1::Message>, limits: &Limits) -> Result<Vec<NewMe
             limits.max_batch_messages
         )));
     }
-    messages
+    for (index, message) in messages.iter().enumerate() {
+        if message.payload.len() > limits.max_payload_bytes {
+            return Err(Status::invalid_argument(format!(
+                "message {index}: payload too large: {} bytes > {}",
+                message.payload.len(),
+                limits.max_payload_bytes
+            )));
+        }
+        let header_bytes: usize = message.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if header_bytes > limits.max_header_bytes {
+            return Err(Status::invalid_argument(format!(
+                "message {index}: headers too large: {header_bytes} bytes > {}",
+                limits.max_header_bytes
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The messages of a produce request, within the node's limits.
+pub fn messages(messages: Vec<v1::Message>, limits: &Limits) -> Result<Vec<NewMessage>, Status> {
+    check_messages(&messages, limits)?;
+    Ok(messages
         .into_iter()
-        .enumerate()
-        .map(|(index, message)| {
-            if message.payload.len() > limits.max_payload_bytes {
-                return Err(Status::invalid_argument(format!(
-                    "message {index}: payload too large: {} bytes > {}",
-                    message.payload.len(),
-                    limits.max_payload_bytes
-                )));
-            }
-            let header_bytes: usize = message.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-            if header_bytes > limits.max_header_bytes {
-                return Err(Status::invalid_argument(format!(
-                    "message {index}: headers too large: {header_bytes} bytes > {}",
-                    limits.max_header_bytes
-                )));
-            }
-            Ok(NewMessage {
-                payload: message.payload,
-                headers: message.headers.into_iter().collect::<BTreeMap<_, _>>(),
-            })
+        .map(|message| NewMessage {
+            payload: message.payload,
+            headers: message.headers.into_iter().collect::<BTreeMap<_, _>>(),
         })
-        .collect()
+        .collect())
 }
 
 /// Credits a consumer grants: at least one.

@@ -64,8 +64,11 @@ impl Settler {
         let mut by_node: BTreeMap<NodeId, (Vec<String>, Vec<usize>)> = BTreeMap::new();
         let total = ids.len();
         for (index, text) in ids.into_iter().enumerate() {
+            let shard_count = self.shards.placement().shard_count();
             let node = match text.parse::<DeliveryId>() {
-                Ok(id) if !self.shards.leads(id.shard) => self.shards.route(id.shard),
+                Ok(id) if id.shard < shard_count && !self.shards.leads(id.shard) => {
+                    self.shards.route(id.shard)
+                }
                 _ => node_id,
             };
             let (texts, indexes) = by_node.entry(node).or_default();

@@ -26,6 +26,7 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// Key in sled's default tree that pins the shard count of a data dir.
 const SHARD_COUNT_KEY: &[u8] = b"shard_count";
+const PLACEMENT_KEY: &[u8] = b"placement";
 
 /// Why a data dir cannot be opened.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,19 @@ pub enum OpenError {
         found: u32,
         /// Shard count of the configuration.
         requested: u32,
+    },
+    /// The data dir belongs to a cluster placed differently (other member
+    /// ids or replication factor): its replica sets would not match.
+    #[error(
+        "data dir {path} belongs to a cluster of {found}, but this node was started as a member of {requested}; changing the members or the replication factor of a cluster is not supported yet"
+    )]
+    PlacementMismatch {
+        /// The data dir.
+        path: PathBuf,
+        /// Placement recorded in the data dir.
+        found: String,
+        /// Placement of the configuration.
+        requested: String,
     },
     /// Anything else from the file system or sled.
     #[error("cannot open data dir {path}: {source}")]
@@ -189,6 +203,43 @@ impl Database {
                         path: self.dir.clone(),
                         found,
                         requested: shard_count,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Records the cluster's placement (a description of its member ids and
+    /// replication factor) on first use and refuses a different one later:
+    /// replica sets follow from it, so a changed one could found a shard
+    /// anew next to its old replicas, or leave a group with members that
+    /// never hear from it.
+    pub fn claim_placement(&self, placement: &str) -> Result<(), OpenError> {
+        let stored = self
+            .db
+            .compare_and_swap(
+                PLACEMENT_KEY,
+                None as Option<&[u8]>,
+                Some(placement.as_bytes()),
+            )
+            .map_err(|e| OpenError::Io {
+                path: self.dir.clone(),
+                source: io::Error::other(e),
+            })?;
+        match stored {
+            Ok(()) => Ok(()),
+            Err(current) => {
+                let found = current
+                    .current
+                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                    .unwrap_or_default();
+                if found == placement {
+                    Ok(())
+                } else {
+                    Err(OpenError::PlacementMismatch {
+                        path: self.dir.clone(),
+                        found,
+                        requested: placement.to_owned(),
                     })
                 }
             }

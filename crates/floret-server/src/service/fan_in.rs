@@ -21,6 +21,10 @@
 //! IMPLEMENTATION CAVEATS
 //! - Shares are equal per node, so fairness across nodes is per node, not per
 //!   producer: the split by backlogged weight comes with the gossip view.
+//! - A delivery waiting here for credit keeps its lease ticking on the node
+//!   that made it; a consumer slower than the lease timeout with fewer
+//!   credits than nodes can get a copy whose lease lapsed (its ack then
+//!   fails and the message comes again: at-least-once still holds).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -38,6 +42,8 @@ use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind}
 use crate::request;
 use crate::settle::Settler;
 
+/// How long opening a consume stream on a peer may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before a broken peer stream is opened again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// Largest delivery accepted from a peer.
@@ -69,6 +75,8 @@ struct Merge {
     generations: Vec<u64>,
     /// Credits the consumer granted and no delivery has used.
     consumer_credits: u64,
+    /// Most credits a consumer may hold.
+    max_credits: u64,
     /// Deliveries that arrived while the consumer had no credit.
     waiting: VecDeque<(SourceIndex, u64, v1::Delivery)>,
     /// Sources (and stream generations) of forwarded deliveries whose
@@ -79,20 +87,38 @@ struct Merge {
     outbound: Outbound,
 }
 
-/// Serves one consumer from every node: subscribes here and at every peer,
-/// then merges until the consumer's stream ends.
+/// What a node merges consumers from: its own dispatcher, its settler for
+/// their acks, and its peers.
+#[derive(Clone)]
+pub struct Sources {
+    /// This node's dispatcher.
+    pub dispatcher: DispatcherHandle,
+    /// Routes acks and nacks to their shard's leader.
+    pub settler: Settler,
+    /// The other nodes.
+    pub peers: Arc<Peers>,
+    /// Most credits a consumer may hold.
+    pub max_credits: u32,
+}
+
+/// Serves one consumer of `queue` from every node: subscribes here and at
+/// every peer, then merges until the consumer's stream ends.
 pub async fn serve(
+    sources: Sources,
     queue: String,
     credits: u32,
     inbound: Streaming<v1::ConsumeRequest>,
-    dispatcher: DispatcherHandle,
-    settler: Settler,
-    peers: Arc<Peers>,
     outbound: Outbound,
 ) -> Result<(), Status> {
+    let Sources {
+        dispatcher,
+        settler,
+        peers,
+        max_credits,
+    } = sources;
     let others: Vec<NodeId> = peers.others().collect();
-    let sources = 1 + others.len();
-    let shares = split(credits, sources);
+    let source_count = 1 + others.len();
+    let shares = split(credits, source_count);
     let (local_events, local_deliveries) = mpsc::unbounded_channel();
     let local_consumer = dispatcher
         .subscribe(queue.clone(), shares[0], local_events)
@@ -120,9 +146,10 @@ pub async fn serve(
         dispatcher,
         local_consumer,
         peer_credits,
-        generations: vec![0; sources],
+        generations: vec![0; source_count],
         shares,
-        consumer_credits: u64::from(credits),
+        consumer_credits: u64::from(credits.min(max_credits)),
+        max_credits: u64::from(max_credits),
         waiting: VecDeque::new(),
         to_return: VecDeque::new(),
         next_extra: 0,
@@ -228,20 +255,27 @@ impl Merge {
     }
 
     fn on_credit(&mut self, credits: u32) -> Result<(), Status> {
+        let room = self.max_credits.saturating_sub(self.consumer_credits);
+        let credits = u32::try_from(u64::from(credits).min(room)).unwrap_or(u32::MAX);
         self.consumer_credits += u64::from(credits);
-        let mut returned = vec![0u32; self.shares.len()];
-        for _ in 0..credits {
-            match self.to_return.pop_front() {
-                Some((source, generation)) if generation == self.generations[source] => {
-                    returned[source] += 1;
-                }
-                Some(_) => {}
-                None => {
-                    returned[self.next_extra] += 1;
-                    self.next_extra = (self.next_extra + 1) % self.shares.len();
-                }
+        let sources = self.shares.len();
+        let mut returned = vec![0u32; sources];
+        let mut extra = credits;
+        while extra > 0 {
+            let Some((source, generation)) = self.to_return.pop_front() else {
+                break;
+            };
+            extra -= 1;
+            if generation == self.generations[source] {
+                returned[source] += 1;
             }
         }
+        for offset in 0..sources {
+            let source = (self.next_extra + offset) % sources;
+            returned[source] +=
+                extra / sources as u32 + u32::from((offset as u32) < extra % sources as u32);
+        }
+        self.next_extra = (self.next_extra + extra as usize) % sources;
         for (source, credits) in returned.into_iter().enumerate() {
             if credits == 0 {
                 continue;
@@ -344,7 +378,13 @@ async fn follow_peer(
         let _ = requests.send(subscribe);
         let mut client = v1::floret_client::FloretClient::new(channel.clone())
             .max_decoding_message_size(MAX_DELIVERY_BYTES);
-        match client.consume(UnboundedReceiverStream::new(outgoing)).await {
+        let opened = tokio::time::timeout(
+            OPEN_TIMEOUT,
+            client.consume(UnboundedReceiverStream::new(outgoing)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")));
+        match opened {
             Ok(response) => {
                 let mut deliveries = response.into_inner();
                 loop {

@@ -107,6 +107,7 @@ impl v1::floret_server::Floret for FloretService {
         let request = request.into_inner();
         let queue = request::queue_name(&request.queue)?;
         let producer = request::producer_id(&request.producer_id)?;
+        request::check_messages(&request.messages, &self.limits)?;
         let shard = self.shards.placement().shard_of(&queue, &producer);
         let proposer = match self.proposers.get(shard) {
             Some(proposer) if self.shards.leads(shard) => proposer,
@@ -166,16 +167,13 @@ impl v1::floret_server::Floret for FloretService {
         let credits = request::credits(subscribe.credits)?;
         if !subscribe.local_only {
             let (outbound, responses) = mpsc::unbounded_channel();
-            fan_in::serve(
-                queue,
-                credits,
-                inbound,
-                self.dispatcher.clone(),
-                self.settler.clone(),
-                self.shards.peers().clone(),
-                outbound,
-            )
-            .await?;
+            let sources = fan_in::Sources {
+                dispatcher: self.dispatcher.clone(),
+                settler: self.settler.clone(),
+                peers: self.shards.peers().clone(),
+                max_credits: self.limits.max_credits,
+            };
+            fan_in::serve(sources, queue, credits, inbound, outbound).await?;
             return Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
                 responses,
             ))));

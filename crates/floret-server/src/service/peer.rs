@@ -5,7 +5,9 @@
 //!
 //! Hand-back (openraft 0.9 has no leadership transfer): the leader checks
 //! that the preferred replica is a voter and caught up, then pauses the
-//! shard's proposer and turns its heartbeats off for a while; once the
+//! shard's proposer, stops dispatching the shard (acks could not commit
+//! while paused, so its deliveries would only come back as duplicates) and
+//! turns its heartbeats off for a while; once the
 //! followers' leader lease lapses the preferred replica calls an election
 //! (see [`crate::rebalance`]), and wins it because its log is complete and
 //! the other followers' own election timers run longer than the lease.
@@ -23,7 +25,7 @@ use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use tonic::{Request, Response, Status};
 
-use crate::dispatcher::SettleKind;
+use crate::dispatcher::{DispatcherHandle, SettleKind};
 use crate::proposer::Proposers;
 use crate::settle::Settler;
 
@@ -35,15 +37,22 @@ pub struct PeerService {
     shards: Arc<Shards>,
     settler: Settler,
     proposers: Proposers,
+    dispatcher: DispatcherHandle,
 }
 
 impl PeerService {
     /// The peer side of this node.
-    pub fn new(shards: Arc<Shards>, settler: Settler, proposers: Proposers) -> Self {
+    pub fn new(
+        shards: Arc<Shards>,
+        settler: Settler,
+        proposers: Proposers,
+        dispatcher: DispatcherHandle,
+    ) -> Self {
         Self {
             shards,
             settler,
             proposers,
+            dispatcher,
         }
     }
 
@@ -122,8 +131,14 @@ impl Peer for PeerService {
         &self,
         _request: Request<v1::ShardStatesRequest>,
     ) -> Result<Response<v1::ShardStatesResponse>, Status> {
+        let initialized = self
+            .shards
+            .initialized()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(v1::ShardStatesResponse {
-            initialized: self.shards.initialized().await,
+            initialized,
+            placement: self.shards.replicas().description().to_owned(),
         }))
     }
 
@@ -199,11 +214,20 @@ impl Peer for PeerService {
         );
         proposer.pause(step_aside);
         raft.runtime_config().heartbeat(false);
-        let raft = raft.clone();
+        self.dispatcher.leadership(shard_id, false);
+        let (raft, dispatcher, me) = (raft.clone(), self.dispatcher.clone(), self.shards.node_id());
         tokio::spawn(async move {
             tokio::time::sleep(step_aside).await;
             raft.runtime_config().heartbeat(true);
             proposer.resume();
+            let still_leading = raft.metrics().borrow().current_leader == Some(me);
+            if still_leading && raft.ensure_linearizable().await.is_ok() {
+                tracing::info!(
+                    shard = shard_id,
+                    "hand-back did not happen; dispatching the shard again"
+                );
+                dispatcher.leadership(shard_id, true);
+            }
         });
         Ok(Response::new(v1::HandBackResponse {
             accepted: true,
