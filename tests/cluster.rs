@@ -102,6 +102,24 @@ async fn consume_into(address: String, consumed: Arc<Mutex<Consumed>>, stop: Arc
     }
 }
 
+/// Consumes through `address` until every message of `expected` was
+/// delivered at least once (panics after [`DRAIN_DEADLINE`]).
+async fn drain_through(address: String, expected: &HashSet<(String, u64)>) -> Consumed {
+    let consumed: Arc<Mutex<Consumed>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn(consume_into(address, consumed.clone(), stop.clone()));
+    eventually(DRAIN_DEADLINE, "every expected message delivered", || {
+        let consumed = consumed.clone();
+        async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.unwrap();
+    Arc::try_unwrap(consumed)
+        .map(|m| m.into_inner().unwrap())
+        .unwrap_or_else(|_| panic!("the consumer task still holds the record"))
+}
+
 /// Sends `messages_per_batch`-message batches for `producer` through
 /// `client` until `stop` is set or `batches` were sent, recording what was
 /// acknowledged; pauses `pace` between batches.
@@ -433,25 +451,8 @@ async fn produce_acknowledged_without_a_majority() {
         cluster.restart(2);
         cluster.restart(3);
     });
-    let consumed: Arc<Mutex<Consumed>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = tokio::spawn(consume_into(
-        cluster.address(3),
-        consumed.clone(),
-        stop.clone(),
-    ));
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
-    eventually(
-        DRAIN_DEADLINE,
-        "every acknowledged message delivered",
-        || {
-            let (consumed, expected) = (consumed.clone(), expected.clone());
-            async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
-        },
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    consumer.await.unwrap();
+    drain_through(cluster.address(3), &expected).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,23 +533,6 @@ async fn node_with_wiped_data_dir_stays_behind() {
     );
 
     cluster.kill(1);
-    let consumed: Arc<Mutex<Consumed>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = tokio::spawn(consume_into(
-        cluster.address(3),
-        consumed.clone(),
-        stop.clone(),
-    ));
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
-    eventually(
-        DRAIN_DEADLINE,
-        "every message delivered by nodes 2 and 3",
-        || {
-            let (consumed, expected) = (consumed.clone(), expected.clone());
-            async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
-        },
-    )
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    consumer.await.unwrap();
+    drain_through(cluster.address(3), &expected).await;
 }
