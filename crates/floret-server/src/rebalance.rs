@@ -21,10 +21,10 @@ use floret_store::{NodeId, ShardId};
 use tokio::task::JoinHandle;
 
 /// How often a node checks for shards it should lead.
-const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a started node waits before asking for leaderships back, so it
 /// first catches up.
-const STARTUP_GRACE: Duration = Duration::from_secs(4);
+const STARTUP_GRACE: Duration = Duration::from_secs(1);
 /// How long the hand-back call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Elections tried after the lease lapsed before giving up until the next check.
