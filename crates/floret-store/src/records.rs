@@ -38,7 +38,8 @@ pub struct ProducedBatch {
 /// One message at rest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredMessage {
-    /// Opaque bytes.
+    /// Opaque bytes, as one byte string.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// String headers.
     pub headers: BTreeMap<String, String>,
@@ -51,7 +52,8 @@ pub struct StoredMessage {
 /// Encodes exactly like [`StoredMessage`].
 #[derive(Debug, Serialize)]
 pub struct StoredMessageRef<'a> {
-    /// Opaque bytes.
+    /// Opaque bytes, as one byte string.
+    #[serde(with = "serde_bytes")]
     pub payload: &'a [u8],
     /// String headers.
     pub headers: &'a BTreeMap<String, String>,
@@ -107,5 +109,29 @@ mod tests {
             enqueued_at_ms: -5,
         };
         assert_eq!(encode(&borrowed), encode(&stored));
+    }
+
+    #[test]
+    fn payload_encoding_differs_from_what_older_data_dirs_hold() {
+        /// How payloads were encoded before they were byte strings: a
+        /// sequence of u8, which postcard writes with the same bytes.
+        #[derive(Serialize)]
+        struct ByteByByte {
+            payload: Vec<u8>,
+            headers: BTreeMap<String, String>,
+            enqueued_at_ms: i64,
+        }
+        let payload: Vec<u8> = (0..=255).collect();
+        let older = ByteByByte {
+            payload: payload.clone(),
+            headers: BTreeMap::new(),
+            enqueued_at_ms: 7,
+        };
+        let stored = StoredMessage {
+            payload,
+            headers: BTreeMap::new(),
+            enqueued_at_ms: 7,
+        };
+        assert_eq!(encode(&older), encode(&stored));
     }
 }

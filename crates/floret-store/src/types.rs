@@ -66,7 +66,9 @@ pub struct Enqueue {
 /// A message before it has a sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewMessage {
-    /// Opaque bytes.
+    /// Opaque bytes (encoded as one byte string, not byte by byte: the same
+    /// bytes in postcard, decoded with one allocation).
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// String headers, sorted so that encodings are deterministic.
     pub headers: BTreeMap<String, String>,
