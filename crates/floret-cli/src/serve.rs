@@ -36,6 +36,9 @@ pub struct ServeArgs {
     /// Replicas of each shard.
     #[arg(long)]
     replication_factor: Option<usize>,
+    /// UDP address for gossip (default: the gRPC address, UDP).
+    #[arg(long)]
+    gossip_listen: Option<SocketAddr>,
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -64,6 +67,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(replication_factor) = args.replication_factor {
         config.replication_factor = replication_factor;
+    }
+    if let Some(gossip_listen) = args.gossip_listen {
+        config.gossip.listen = Some(gossip_listen);
     }
     if let Some(metrics_listen) = args.metrics_listen {
         config.metrics_listen = Some(metrics_listen);

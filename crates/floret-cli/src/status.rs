@@ -31,7 +31,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             "node_id": cluster.node_id,
             "nodes": cluster.nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id, "address": n.address, "reachable": n.reachable,
-                "shards_led": n.shards_led, "error": n.error,
+                "shards_led": n.shards_led, "error": n.error, "liveness": n.liveness,
+                "heartbeat_age_ms": n.heartbeat_age_ms, "backlog_messages": n.backlog_messages,
+                "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
+                "dispatch_rate": n.dispatch_rate,
             })).collect::<Vec<_>>(),
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
                 "shard_id": s.shard_id, "leader_id": s.leader_id, "preferred_leader_id": s.preferred_leader_id,
@@ -56,22 +59,36 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "asked node {} ({} nodes)\n\n{:>5}  {:<24}  {:<11}  {:>10}",
+        "asked node {} ({} nodes)\n\n{:>5}  {:<24}  {:<11}  {:<9}  {:>7}  {:>10}  {:>10}  {:>12}  {:>9}",
         cluster.node_id,
         cluster.nodes.len(),
         "node",
         "address",
         "state",
-        "shards led"
+        "gossip",
+        "age ms",
+        "shards led",
+        "backlog",
+        "bytes",
+        "deliv/s"
     );
     for node in &cluster.nodes {
         let state = if node.reachable { "up" } else { "unreachable" };
         println!(
-            "{:>5}  {:<24}  {:<11}  {:>10}{}",
+            "{:>5}  {:<24}  {:<11}  {:<9}  {:>7}  {:>10}  {:>10}  {:>12}  {:>9.0}{}",
             node.node_id,
             node.address,
             state,
+            if node.liveness.is_empty() {
+                "-"
+            } else {
+                &node.liveness
+            },
+            node.heartbeat_age_ms,
             node.shards_led,
+            node.backlog_messages,
+            node.backlog_bytes,
+            node.dispatch_rate,
             if node.error.is_empty() {
                 String::new()
             } else {

@@ -83,8 +83,11 @@ impl Consumer {
 
     /// Lets the server send `credits` more deliveries.
     pub async fn credit(&self, credits: u32) -> Result<(), ClientError> {
-        self.send(consume_request::Request::Credit(v1::Credit { credits }))
-            .await
+        self.send(consume_request::Request::Credit(v1::Credit {
+            credits,
+            set: false,
+        }))
+        .await
     }
 
     /// Acks deliveries; their outcomes arrive later as [`ConsumerEvent::Settled`].

@@ -5,14 +5,23 @@
 //! The server asks this crate which shard holds a producer, which node leads
 //! it, and proposes commands to the raft groups it holds.
 //!
+//! The gossip view ([`Gossip`]) carries what every node publishes about
+//! itself: its address, the shards it leads and its load per queue.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - No gossip view yet: leaders are read from this node's own replicas.
+//! - Request routing reads leaders from this node's own replicas, not yet
+//!   from the gossip view.
 
+mod gossip;
 mod network;
 mod peers;
 mod placement;
 mod shards;
 
+pub use gossip::{
+    DEAD_AFTER_ROUNDS, Gossip, GossipConfig, GossipError, Liveness, NodeReport, NodeView,
+    QueueLoad, SUSPECT_AFTER_ROUNDS, Traffic, View,
+};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

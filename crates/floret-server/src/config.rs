@@ -42,6 +42,51 @@ pub struct Config {
     pub batching: BatchingConfig,
     /// Raft timing.
     pub raft: RaftConfig,
+    /// The gossip view.
+    pub gossip: GossipSettings,
+    /// Fairness across nodes.
+    pub fairness: FairnessConfig,
+}
+
+/// How the node gossips its load (clusters of more than one node only).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GossipSettings {
+    /// UDP address to gossip on; by default the gRPC address's IP and port.
+    pub listen: Option<SocketAddr>,
+    /// Pause between gossip rounds, and between two publications of this
+    /// node's load, in ms.
+    pub interval_ms: u64,
+    /// Phi-accrual threshold above which a silent node is declared dead.
+    pub phi_threshold: f64,
+}
+
+impl Default for GossipSettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            interval_ms: 200,
+            phi_threshold: 8.0,
+        }
+    }
+}
+
+/// Fairness across nodes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FairnessConfig {
+    /// Split each consumer's credits between nodes by the backlogged weight
+    /// they report, so producers get equal weighted shares wherever they
+    /// are placed; off, every node gets an equal share of each consumer.
+    pub cross_node_split: bool,
+}
+
+impl Default for FairnessConfig {
+    fn default() -> Self {
+        Self {
+            cross_node_split: true,
+        }
+    }
 }
 
 /// One member of the cluster.
@@ -164,6 +209,8 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             batching: BatchingConfig::default(),
             raft: RaftConfig::default(),
+            gossip: GossipSettings::default(),
+            fairness: FairnessConfig::default(),
         }
     }
 }
@@ -311,6 +358,9 @@ impl Config {
         if let Some(replication_factor) = parse(&env, "FLORET_REPLICATION_FACTOR")? {
             self.replication_factor = replication_factor;
         }
+        if let Some(gossip_listen) = parse(&env, "FLORET_GOSSIP_LISTEN")? {
+            self.gossip.listen = Some(gossip_listen);
+        }
         if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
             self.metrics_listen = Some(metrics_listen);
         }
@@ -343,6 +393,9 @@ impl Config {
             if let Some(peer) = self.peers.iter().find(|p| p.address.is_empty()) {
                 return invalid(format!("peer {} has no address", peer.id));
             }
+        }
+        if self.gossip.interval_ms == 0 || self.gossip.phi_threshold <= 0.0 {
+            return invalid("gossip.interval_ms and gossip.phi_threshold must be > 0".into());
         }
         if self.replication_factor == 0 {
             return invalid("replication_factor must be > 0".into());

@@ -13,12 +13,16 @@
 //! leader that holds their lease, and [`rebalance`] returns leaderships to
 //! their preferred replicas.
 //!
+//! Nodes of a cluster publish their load over gossip ([`load_view`]) and
+//! split each consumer's credits between nodes by backlogged weight.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - No gossip view, no policies beyond the default weight.
+//! - No policies beyond the default weight.
 
 pub mod config;
 pub mod delivery_id;
 pub mod dispatcher;
+mod load_view;
 mod node;
 mod proposer;
 mod rebalance;

@@ -33,9 +33,11 @@ use tonic_health::server::HealthReporter;
 
 use crate::config::Config;
 use crate::dispatcher::{self, DispatcherHandle};
+use crate::load_view::LoadView;
 use crate::proposer::{Proposers, ShardProposer};
 use crate::rebalance;
 use crate::service::admin::AdminService;
+use crate::service::fan_in;
 use crate::service::floret::FloretService;
 use crate::service::peer::PeerService;
 use crate::settle::Settler;
@@ -65,6 +67,9 @@ pub enum NodeError {
     /// The shards could not start.
     #[error(transparent)]
     Shards(#[from] ShardsError),
+    /// Gossip could not start.
+    #[error(transparent)]
+    Gossip(#[from] floret_cluster::GossipError),
     /// Server reflection could not be set up.
     #[error("cannot set up gRPC reflection: {0}")]
     Reflection(String),
@@ -90,6 +95,7 @@ pub struct Node {
     stop_server: oneshot::Sender<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     watchers: Vec<JoinHandle<()>>,
+    load_view: Option<LoadView>,
 }
 
 impl Node {
@@ -141,6 +147,9 @@ impl Node {
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
         let settler = Settler::new(dispatcher.clone(), proposers.clone(), shards.clone());
+        let load_view =
+            LoadView::start(&config, address, shards.clone(), dispatcher.clone()).await?;
+        let view = load_view.as_ref().map(LoadView::receiver);
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health
@@ -151,12 +160,19 @@ impl Node {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| NodeError::Reflection(e.to_string()))?;
+        let consumers = fan_in::Sources {
+            dispatcher: dispatcher.clone(),
+            settler: settler.clone(),
+            peers: peers.clone(),
+            max_credits: config.limits.max_credits,
+            view: view.clone(),
+            cross_node_split: config.fairness.cross_node_split,
+        };
         let floret = FloretServer::new(FloretService::new(
             shards.clone(),
             proposers.clone(),
-            dispatcher.clone(),
-            settler.clone(),
             config.limits.clone(),
+            consumers,
         ))
         .max_decoding_message_size(config.limits.max_request_bytes);
         let peer = PeerServer::new(PeerService::new(
@@ -171,6 +187,7 @@ impl Node {
             shards.clone(),
             dispatcher,
             address.to_string(),
+            view,
         ));
         let (stop_server, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(
@@ -204,6 +221,7 @@ impl Node {
             stop_server,
             server,
             watchers,
+            load_view,
         })
     }
 
@@ -272,6 +290,9 @@ impl Node {
                 );
                 server_abort.abort();
             }
+        }
+        if let Some(load_view) = self.load_view {
+            load_view.stop().await;
         }
         self.shards.shutdown().await;
         for watcher in &self.watchers {

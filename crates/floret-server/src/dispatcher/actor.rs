@@ -150,9 +150,14 @@ impl Dispatcher {
                 let _caller_gone = reply.send(id);
                 self.pump(&queue);
             }
-            DispatcherCommand::Credit { consumer, credits } => {
+            DispatcherCommand::Credit {
+                consumer,
+                credits,
+                replace,
+            } => {
                 if let Some(state) = self.consumers.get_mut(&consumer) {
-                    state.credits = (state.credits + u64::from(credits)).min(self.max_credits);
+                    let base = if replace { 0 } else { state.credits };
+                    state.credits = (base + u64::from(credits)).min(self.max_credits);
                     let queue = state.queue.clone();
                     self.pump(&queue);
                 }
@@ -316,6 +321,9 @@ impl Dispatcher {
                 }
                 let activity = QueueActivity {
                     in_flight: queue.scheduler.in_flight(),
+                    ready: queue.scheduler.ready_messages(),
+                    backlogged_producers: queue.scheduler.backlogged_producers() as u64,
+                    backlogged_weight: queue.scheduler.backlogged_weight(),
                     delivered: queue.delivered,
                     acked: queue.acked,
                     redelivered: queue.redelivered,

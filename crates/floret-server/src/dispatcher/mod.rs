@@ -81,6 +81,12 @@ pub enum ConsumerEvent {
 pub struct QueueActivity {
     /// Messages leased to consumers now.
     pub in_flight: u64,
+    /// Messages of led shards ready to be delivered (not in flight).
+    pub ready: u64,
+    /// Producers of led shards with messages ready.
+    pub backlogged_producers: u64,
+    /// The sum of those producers' weights.
+    pub backlogged_weight: u64,
     /// Deliveries since the node started (redeliveries included).
     pub delivered: u64,
     /// Acks since the node started.
@@ -108,6 +114,7 @@ pub(crate) enum DispatcherCommand {
     Credit {
         consumer: ConsumerId,
         credits: u32,
+        replace: bool,
     },
     Settle {
         kind: SettleKind,
@@ -170,7 +177,21 @@ impl DispatcherHandle {
 
     /// Grants a consumer more credits.
     pub fn credit(&self, consumer: ConsumerId, credits: u32) -> Result<(), DispatcherStopped> {
-        self.send(DispatcherCommand::Credit { consumer, credits })
+        self.send(DispatcherCommand::Credit {
+            consumer,
+            credits,
+            replace: false,
+        })
+    }
+
+    /// Replaces a consumer's unused credits (a node rebalancing the share it
+    /// gave this node of a consumer it merges); zero is allowed.
+    pub fn set_credits(&self, consumer: ConsumerId, credits: u32) -> Result<(), DispatcherStopped> {
+        self.send(DispatcherCommand::Credit {
+            consumer,
+            credits,
+            replace: true,
+        })
     }
 
     /// Acks or nacks deliveries; ids that did not parse are answered INVALID_ARGUMENT.

@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::Shards;
+use floret_cluster::{Shards, View};
 use floret_proto::v1;
 use floret_store::ProducerEntry;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
@@ -32,15 +33,22 @@ pub struct AdminService {
     shards: Arc<Shards>,
     dispatcher: DispatcherHandle,
     address: String,
+    view: Option<watch::Receiver<Arc<View>>>,
 }
 
 impl AdminService {
     /// A service over the node's shards and dispatcher; `address` is what clients dial.
-    pub fn new(shards: Arc<Shards>, dispatcher: DispatcherHandle, address: String) -> Self {
+    pub fn new(
+        shards: Arc<Shards>,
+        dispatcher: DispatcherHandle,
+        address: String,
+        view: Option<watch::Receiver<Arc<View>>>,
+    ) -> Self {
         Self {
             shards,
             dispatcher,
             address,
+            view,
         }
     }
 }
@@ -171,7 +179,7 @@ impl AdminService {
                 address: self.address.clone(),
                 reachable: true,
                 shards_led,
-                error: String::new(),
+                ..Default::default()
             }],
             shards,
         }
@@ -195,8 +203,8 @@ impl AdminService {
                     node_id,
                     address: peers.address(node_id).unwrap_or_default().to_owned(),
                     reachable: false,
-                    shards_led: 0,
                     error: error.clone(),
+                    ..Default::default()
                 },
             })
             .collect();
@@ -243,6 +251,23 @@ impl AdminService {
                 }
             })
             .collect();
+        let mut nodes: Vec<v1::NodeStatus> = nodes;
+        if let Some(view) = &self.view {
+            let view = view.borrow().clone();
+            for node in &mut nodes {
+                let Some(seen) = view.get(&node.node_id) else {
+                    node.liveness = "unknown".into();
+                    continue;
+                };
+                node.liveness = seen.liveness.as_str().into();
+                node.heartbeat_age_ms = seen.age.as_millis() as u64;
+                let queues = seen.report.queues.values();
+                node.backlog_messages = queues.clone().map(|q| q.messages).sum();
+                node.backlog_bytes = queues.clone().map(|q| q.bytes).sum();
+                node.backlogged_producers = queues.clone().map(|q| q.backlogged_producers).sum();
+                node.dispatch_rate = queues.map(|q| q.dispatch_rate).sum();
+            }
+        }
         v1::ClusterStatusResponse {
             node_id: self.shards.node_id(),
             nodes,

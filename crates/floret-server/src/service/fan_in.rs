@@ -5,13 +5,19 @@
 //! node subscribes to its own dispatcher and, with `local_only` set, to
 //! every peer's, and merges the deliveries into the consumer's stream.
 //!
-//! Credits: the consumer's window is split into one share per source (at
-//! least one credit each). A delivery uses its source's credit; when the
-//! consumer grants credits back, they return to the sources of the oldest
-//! deliveries it has not yet returned credit for, so each source keeps its
-//! share. Since shares round up, sources may deliver a few more than the
-//! consumer's credits: such deliveries wait here until the consumer grants
-//! more, so the consumer never gets more than it asked for.
+//! Credits: the consumer's credits not yet promised to a node are split
+//! between the nodes by the backlogged weight each reports in the gossip
+//! view ([`CreditSplit`]), so each node delivers in proportion to its
+//! backlogged weight and every backlogged producer in the cluster gets
+//! about `weight / total weight` of the consumer, wherever it is placed.
+//! A live node with nothing backlogged keeps exactly one credit, so a
+//! message arriving there goes out at once; the rest of what it held is
+//! taken back (`Credit{set}`) and given to the backlogged nodes. Nodes the
+//! view declares dead get none. With the cross-node split off every
+//! backlogged node weighs the same (fair between nodes, not between
+//! producers); a one-node cluster has no view and one source. Deliveries beyond the
+//! consumer's credits (the one-per-node minimum can exceed them) wait here,
+//! so the consumer never gets more than it granted.
 //!
 //! Acks and nacks on the stream go through the [`Settler`], which sends each
 //! to the leader of its shard (where the lease is). A peer stream that
@@ -19,24 +25,24 @@
 //! shard's leader.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Shares are equal per node, so fairness across nodes is per node, not per
-//!   producer: the split by backlogged weight comes with the gossip view.
 //! - A delivery waiting here for credit keeps its lease ticking on the node
 //!   that made it; a consumer slower than the lease timeout with fewer
 //!   credits than nodes can get a copy whose lease lapsed (its ack then
 //!   fails and the message comes again: at-least-once still holds).
+//! - Weights are as fresh as the view (a gossip interval or two).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::Peers;
+use floret_cluster::{Liveness, Peers, View};
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::credit_split::CreditSplit;
 use super::{convert, status};
 use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::request;
@@ -44,6 +50,8 @@ use crate::settle::Settler;
 
 /// How long opening a consume stream on a peer may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the split is checked against the view without other events.
+const REBALANCE_INTERVAL: Duration = Duration::from_millis(100);
 /// Pause before a broken peer stream is opened again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// Largest delivery accepted from a peer.
@@ -57,8 +65,16 @@ type SourceIndex = usize;
 
 /// What a peer stream reports to the merge.
 enum PeerEvent {
+    Connected(SourceIndex),
     Delivery(SourceIndex, u64, v1::Delivery),
     Disconnected(SourceIndex),
+}
+
+/// A change of a peer stream's credits.
+#[derive(Debug, Clone, Copy)]
+enum CreditChange {
+    Add(u32),
+    Set(u32),
 }
 
 /// What the merge task works on.
@@ -66,24 +82,27 @@ struct Merge {
     queue: String,
     dispatcher: DispatcherHandle,
     local_consumer: ConsumerId,
+    /// Node of each source (this node first).
+    nodes: Vec<NodeId>,
     /// Credit senders of the peer streams, by source index - 1.
-    peer_credits: Vec<mpsc::UnboundedSender<u32>>,
-    /// Each source's share of the consumer's window.
-    shares: Vec<u32>,
-    /// Generation of each source's current stream; credits of deliveries
-    /// from an older stream are not returned to the new one.
+    peer_credits: Vec<mpsc::UnboundedSender<CreditChange>>,
+    /// Whether each source's stream is open (the local one always is).
+    connected: Vec<bool>,
+    /// Credits each source was given and has not used for a delivery yet.
+    outstanding: Vec<u64>,
+    /// Generation of each source's current stream; deliveries of an older
+    /// stream no longer count against its credits.
     generations: Vec<u64>,
+    split: CreditSplit,
+    /// The gossip view, when there is one, and whether to weigh by it.
+    view: Option<watch::Receiver<Arc<View>>>,
+    cross_node_split: bool,
     /// Credits the consumer granted and no delivery has used.
     consumer_credits: u64,
     /// Most credits a consumer may hold.
     max_credits: u64,
     /// Deliveries that arrived while the consumer had no credit.
-    waiting: VecDeque<(SourceIndex, u64, v1::Delivery)>,
-    /// Sources (and stream generations) of forwarded deliveries whose
-    /// credit has not been returned yet, oldest first.
-    to_return: VecDeque<(SourceIndex, u64)>,
-    /// Next source to get a credit the consumer added beyond its first window.
-    next_extra: SourceIndex,
+    waiting: VecDeque<(SourceIndex, v1::Delivery)>,
     outbound: Outbound,
 }
 
@@ -99,6 +118,10 @@ pub struct Sources {
     pub peers: Arc<Peers>,
     /// Most credits a consumer may hold.
     pub max_credits: u32,
+    /// The gossip view (none on a one-node cluster).
+    pub view: Option<watch::Receiver<Arc<View>>>,
+    /// Split credits by backlogged weight (else equally between nodes).
+    pub cross_node_split: bool,
 }
 
 /// Serves one consumer of `queue` from every node: subscribes here and at
@@ -115,18 +138,19 @@ pub async fn serve(
         settler,
         peers,
         max_credits,
+        view,
+        cross_node_split,
     } = sources;
     let others: Vec<NodeId> = peers.others().collect();
     let source_count = 1 + others.len();
-    let shares = split(credits, source_count);
     let (local_events, local_deliveries) = mpsc::unbounded_channel();
     let local_consumer = dispatcher
-        .subscribe(queue.clone(), shares[0], local_events)
+        .subscribe(queue.clone(), 1, local_events)
         .await
         .map_err(status::from_stopped)?;
     let (peer_events, peer_deliveries) = mpsc::unbounded_channel();
     let mut peer_credits = Vec::with_capacity(others.len());
-    for (offset, node) in others.into_iter().enumerate() {
+    for (offset, &node) in others.iter().enumerate() {
         let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
         peer_credits.push(credit_sender);
         tokio::spawn(follow_peer(
@@ -134,37 +158,35 @@ pub async fn serve(
                 index: offset + 1,
                 node,
                 queue: queue.clone(),
-                share: shares[offset + 1],
                 peers: peers.clone(),
             },
             credit_receiver,
             peer_events.clone(),
         ));
     }
+    let mut connected = vec![false; source_count];
+    connected[0] = true;
+    let mut outstanding = vec![0; source_count];
+    outstanding[0] = 1;
     let merge = Merge {
         queue,
         dispatcher,
         local_consumer,
+        nodes: std::iter::once(peers.node_id()).chain(others).collect(),
         peer_credits,
+        connected,
+        outstanding,
         generations: vec![0; source_count],
-        shares,
+        split: CreditSplit::new(source_count),
+        view,
+        cross_node_split,
         consumer_credits: u64::from(credits.min(max_credits)),
         max_credits: u64::from(max_credits),
         waiting: VecDeque::new(),
-        to_return: VecDeque::new(),
-        next_extra: 0,
         outbound,
     };
     tokio::spawn(merge.run(inbound, local_deliveries, peer_deliveries, settler));
     Ok(())
-}
-
-/// `credits` split into `sources` shares of at least one each.
-fn split(credits: u32, sources: usize) -> Vec<u32> {
-    let sources_u32 = sources as u32;
-    (0..sources_u32)
-        .map(|index| (credits / sources_u32 + u32::from(index < credits % sources_u32)).max(1))
-        .collect()
 }
 
 impl Merge {
@@ -177,8 +199,11 @@ impl Merge {
     ) {
         let (requests_sender, mut requests) = mpsc::unbounded_channel();
         tokio::spawn(read_requests(inbound, requests_sender));
+        let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = tick.tick() => {}
                 request = requests.recv() => match request {
                     Some(Ok(request)) => {
                         if let Err(status) = self.on_request(request, &settler) {
@@ -199,16 +224,26 @@ impl Merge {
                     }
                 },
                 Some(event) = peers.recv() => match event {
+                    PeerEvent::Connected(source) => {
+                        self.connected[source] = true;
+                        self.outstanding[source] = 1;
+                    }
                     PeerEvent::Delivery(source, generation, delivery) => {
                         self.on_delivery(source, generation, delivery);
                     }
                     PeerEvent::Disconnected(source) => {
+                        self.connected[source] = false;
+                        self.outstanding[source] = 0;
                         self.generations[source] += 1;
-                        self.waiting.retain(|(index, _, _)| *index != source);
+                        self.waiting.retain(|(index, _)| *index != source);
                     }
                 },
             }
             if self.outbound.is_closed() {
+                break;
+            }
+            if let Err(status) = self.rebalance() {
+                let _consumer_gone = self.outbound.send(Err(status));
                 break;
             }
         }
@@ -222,16 +257,18 @@ impl Merge {
     }
 
     fn on_delivery(&mut self, source: SourceIndex, generation: u64, delivery: v1::Delivery) {
+        if generation == self.generations[source] {
+            self.outstanding[source] = self.outstanding[source].saturating_sub(1);
+        }
         if self.consumer_credits == 0 {
-            self.waiting.push_back((source, generation, delivery));
+            self.waiting.push_back((source, delivery));
             return;
         }
-        self.forward(source, generation, delivery);
+        self.forward(delivery);
     }
 
-    fn forward(&mut self, source: SourceIndex, generation: u64, delivery: v1::Delivery) {
+    fn forward(&mut self, delivery: v1::Delivery) {
         self.consumer_credits -= 1;
-        self.to_return.push_back((source, generation));
         self.send(consume_response::Response::Delivery(delivery));
     }
 
@@ -255,44 +292,111 @@ impl Merge {
     }
 
     fn on_credit(&mut self, credits: u32) -> Result<(), Status> {
-        let room = self.max_credits.saturating_sub(self.consumer_credits);
-        let credits = u32::try_from(u64::from(credits).min(room)).unwrap_or(u32::MAX);
-        self.consumer_credits += u64::from(credits);
-        let sources = self.shares.len();
-        let mut returned = vec![0u32; sources];
-        let mut extra = credits;
-        while extra > 0 {
-            let Some((source, generation)) = self.to_return.pop_front() else {
+        self.consumer_credits = (self.consumer_credits + u64::from(credits)).min(self.max_credits);
+        while self.consumer_credits > 0 {
+            let Some((_, delivery)) = self.waiting.pop_front() else {
                 break;
             };
-            extra -= 1;
-            if generation == self.generations[source] {
-                returned[source] += 1;
+            self.forward(delivery);
+        }
+        Ok(())
+    }
+
+    /// Each source's weight for this queue: its backlogged weight in the
+    /// view (with the cross-node split off: 1 if it has any backlog, so
+    /// backlogged nodes share equally), or 1 without a view; 0 for a source
+    /// that is disconnected or dead. When no source has any, every live one
+    /// weighs 1.
+    fn weights(&self) -> Vec<u64> {
+        let view = self.view.as_ref().map(|view| view.borrow().clone());
+        let live = |source: usize| {
+            self.connected[source]
+                && view.as_ref().is_none_or(|view| {
+                    view.get(&self.nodes[source])
+                        .is_none_or(|node| node.liveness != Liveness::Dead)
+                })
+        };
+        let backlogged = |source: usize| {
+            let Some(view) = &view else {
+                return 1;
+            };
+            let weight = view
+                .get(&self.nodes[source])
+                .and_then(|node| node.report.queues.get(&self.queue))
+                .map_or(0, |load| load.backlogged_weight);
+            if self.cross_node_split {
+                weight
+            } else {
+                weight.min(1)
+            }
+        };
+        let mut weights: Vec<u64> = (0..self.nodes.len())
+            .map(|source| if live(source) { backlogged(source) } else { 0 })
+            .collect();
+        if weights.iter().all(|&w| w == 0) {
+            for (source, weight) in weights.iter_mut().enumerate() {
+                *weight = u64::from(live(source));
             }
         }
-        for offset in 0..sources {
-            let source = (self.next_extra + offset) % sources;
-            returned[source] +=
-                extra / sources as u32 + u32::from((offset as u32) < extra % sources as u32);
-        }
-        self.next_extra = (self.next_extra + extra as usize) % sources;
-        for (source, credits) in returned.into_iter().enumerate() {
-            if credits == 0 {
+        weights
+    }
+
+    /// Keeps exactly one credit at every connected source with nothing
+    /// backlogged (taking back the rest), so a message arriving there goes
+    /// out at once; and splits the consumer's unpromised credits between the
+    /// backlogged sources by weight.
+    fn rebalance(&mut self) -> Result<(), Status> {
+        let weights = self.weights();
+        let mut changes: Vec<Option<CreditChange>> = vec![None; self.nodes.len()];
+        for source in 0..self.nodes.len() {
+            if !self.connected[source] {
                 continue;
             }
-            if source == 0 {
-                self.dispatcher
-                    .credit(self.local_consumer, credits)
-                    .map_err(status::from_stopped)?;
-            } else {
-                let _peer_stream_gone = self.peer_credits[source - 1].send(credits);
+            if weights[source] > 0 {
+                continue;
+            }
+            if self.outstanding[source] > 1 {
+                self.outstanding[source] = 1;
+                changes[source] = Some(CreditChange::Set(1));
+            } else if self.outstanding[source] == 0 {
+                self.outstanding[source] = 1;
+                changes[source] = Some(CreditChange::Add(1));
             }
         }
-        while self.consumer_credits > 0 {
-            let Some((source, generation, delivery)) = self.waiting.pop_front() else {
-                break;
+        let promised = self.outstanding.iter().sum::<u64>() + self.waiting.len() as u64;
+        let unpromised = self.consumer_credits.saturating_sub(promised);
+        if unpromised > 0 {
+            let grants = self.split.split(unpromised, &weights);
+            for (source, grant) in grants.into_iter().enumerate() {
+                if grant == 0 {
+                    continue;
+                }
+                self.outstanding[source] += grant;
+                let grant = u32::try_from(grant).unwrap_or(u32::MAX);
+                changes[source] = Some(match changes[source] {
+                    Some(CreditChange::Set(base)) => CreditChange::Set(base.saturating_add(grant)),
+                    Some(CreditChange::Add(base)) => CreditChange::Add(base.saturating_add(grant)),
+                    None => CreditChange::Add(grant),
+                });
+            }
+        }
+        for (source, change) in changes.into_iter().enumerate() {
+            let Some(change) = change else {
+                continue;
             };
-            self.forward(source, generation, delivery);
+            if source == 0 {
+                match change {
+                    CreditChange::Add(credits) => {
+                        self.dispatcher.credit(self.local_consumer, credits)
+                    }
+                    CreditChange::Set(credits) => {
+                        self.dispatcher.set_credits(self.local_consumer, credits)
+                    }
+                }
+                .map_err(status::from_stopped)?;
+            } else {
+                let _peer_stream_gone = self.peer_credits[source - 1].send(change);
+            }
         }
         Ok(())
     }
@@ -350,7 +454,6 @@ struct PeerSource {
     index: SourceIndex,
     node: NodeId,
     queue: String,
-    share: u32,
     peers: Arc<Peers>,
 }
 
@@ -358,7 +461,7 @@ struct PeerSource {
 /// lives, passing its deliveries in and the merge's credits out.
 async fn follow_peer(
     source: PeerSource,
-    mut credits: mpsc::UnboundedReceiver<u32>,
+    mut credits: mpsc::UnboundedReceiver<CreditChange>,
     events: mpsc::UnboundedSender<PeerEvent>,
 ) {
     let Some(channel) = source.peers.channel(source.node) else {
@@ -371,7 +474,7 @@ async fn follow_peer(
         let subscribe = v1::ConsumeRequest {
             request: Some(consume_request::Request::Subscribe(v1::Subscribe {
                 queue: source.queue.clone(),
-                credits: source.share,
+                credits: 1,
                 local_only: true,
             })),
         };
@@ -386,18 +489,25 @@ async fn follow_peer(
         .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")));
         match opened {
             Ok(response) => {
+                if events.send(PeerEvent::Connected(source.index)).is_err() {
+                    return;
+                }
                 let mut deliveries = response.into_inner();
                 loop {
                     tokio::select! {
-                        granted = credits.recv() => match granted {
-                            Some(granted) => {
-                                let credit = v1::ConsumeRequest {
-                                    request: Some(consume_request::Request::Credit(v1::Credit { credits: granted })),
-                                };
-                                let _ = requests.send(credit);
-                            }
-                            None => return,
-                        },
+                        change = credits.recv() => {
+                            let Some(change) = change else {
+                                return;
+                            };
+                            let (credits, set) = match change {
+                                CreditChange::Add(credits) => (credits, false),
+                                CreditChange::Set(credits) => (credits, true),
+                            };
+                            let credit = v1::ConsumeRequest {
+                                request: Some(consume_request::Request::Credit(v1::Credit { credits, set })),
+                            };
+                            let _ = requests.send(credit);
+                        }
                         message = deliveries.message() => match message {
                             Ok(Some(v1::ConsumeResponse { response: Some(consume_response::Response::Delivery(delivery)) })) => {
                                 if events.send(PeerEvent::Delivery(source.index, generation, delivery)).is_err() {
@@ -426,17 +536,5 @@ async fn follow_peer(
             () = tokio::time::sleep(RECONNECT_PAUSE) => {}
             () = events.closed() => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split;
-
-    #[test]
-    fn credits_split_evenly_with_at_least_one_per_source() {
-        assert_eq!(split(10, 3), [4, 3, 3]);
-        assert_eq!(split(1, 3), [1, 1, 1]);
-        assert_eq!(split(7, 1), [7]);
     }
 }

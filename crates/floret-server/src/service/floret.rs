@@ -35,9 +35,8 @@ use crate::settle::Settler;
 pub struct FloretService {
     shards: Arc<Shards>,
     proposers: Proposers,
-    dispatcher: DispatcherHandle,
-    settler: Settler,
     limits: Limits,
+    sources: fan_in::Sources,
 }
 
 impl FloretService {
@@ -45,16 +44,14 @@ impl FloretService {
     pub fn new(
         shards: Arc<Shards>,
         proposers: Proposers,
-        dispatcher: DispatcherHandle,
-        settler: Settler,
         limits: Limits,
+        sources: fan_in::Sources,
     ) -> Self {
         Self {
             shards,
             proposers,
-            dispatcher,
-            settler,
             limits,
+            sources,
         }
     }
 }
@@ -167,13 +164,7 @@ impl v1::floret_server::Floret for FloretService {
         let credits = request::credits(subscribe.credits)?;
         if !subscribe.local_only {
             let (outbound, responses) = mpsc::unbounded_channel();
-            let sources = fan_in::Sources {
-                dispatcher: self.dispatcher.clone(),
-                settler: self.settler.clone(),
-                peers: self.shards.peers().clone(),
-                max_credits: self.limits.max_credits,
-            };
-            fan_in::serve(sources, queue, credits, inbound, outbound).await?;
+            fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
             return Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
                 responses,
             ))));
@@ -181,6 +172,7 @@ impl v1::floret_server::Floret for FloretService {
         let (events, deliveries) = mpsc::unbounded_channel();
         let (failures, failed) = mpsc::unbounded_channel::<Status>();
         let consumer = self
+            .sources
             .dispatcher
             .subscribe(queue, credits, events.clone())
             .await
@@ -188,8 +180,8 @@ impl v1::floret_server::Floret for FloretService {
         tokio::spawn(read_consumer_requests(
             inbound,
             consumer,
-            self.dispatcher.clone(),
-            self.settler.clone(),
+            self.sources.dispatcher.clone(),
+            self.sources.settler.clone(),
             events,
             failures,
         ));
@@ -213,6 +205,7 @@ impl v1::floret_server::Floret for FloretService {
         }
         let total = ids.len();
         let outcomes = self
+            .sources
             .settler
             .settle(SettleKind::Ack, ids)
             .await
@@ -258,6 +251,9 @@ async fn read_consumer_requests(
             }
         };
         let result = match request.request {
+            Some(consume_request::Request::Credit(credit)) if credit.set => dispatcher
+                .set_credits(consumer, credit.credits)
+                .map_err(status::from_stopped),
             Some(consume_request::Request::Credit(credit)) => request::credits(credit.credits)
                 .and_then(|credits| {
                     dispatcher

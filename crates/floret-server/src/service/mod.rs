@@ -2,7 +2,8 @@
 
 pub mod admin;
 mod convert;
-mod fan_in;
+mod credit_split;
+pub(crate) mod fan_in;
 pub mod floret;
 pub mod peer;
 pub mod status;

@@ -1,0 +1,444 @@
+//! The gossip view: what every node publishes about itself and reads about
+//! the others, over chitchat (scuttlebutt anti-entropy on UDP with a
+//! phi-accrual failure detector).
+//!
+//! Each node publishes its gRPC address, the shards it leads and, per
+//! queue, its [`QueueLoad`]; [`Gossip::view`] returns every known node with
+//! the age of its last heartbeat and a [`Liveness`] verdict: dead when
+//! chitchat's failure detector says so and it has been silent for at least
+//! [`DEAD_AFTER_ROUNDS`] gossip rounds, suspected when it is silent for
+//! [`SUSPECT_AFTER_ROUNDS`] rounds or the detector alone gives up on it.
+//! The floor matters on a loaded machine: a node hears another's heartbeat
+//! both directly and through third nodes, so the detector learns very short
+//! intervals and would declare a node dead after a one-second stall.
+//!
+//! Values are short strings (`queue:<name>` -> `p=3;w=3;m=120;b=15360;r=512.5;c=1`)
+//! so a node's whole state fits in a datagram or two. The transport counts
+//! the bytes it sends and receives ([`Gossip::traffic`]).
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Peers are found through the members' gRPC addresses, gossiping on the
+//!   same port number over UDP; a node whose gossip port differs is reached
+//!   only once it has contacted another node itself.
+//! - No authentication of gossip messages: keep the port on a private network.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpTransport};
+use chitchat::{
+    ChitchatConfig, ChitchatEnvelope, ChitchatHandle, ChitchatId, FailureDetectorConfig,
+    ProtocolVersion, spawn_chitchat,
+};
+use floret_store::{NodeId, ShardId};
+
+/// Gossip rounds without a new heartbeat after which a live node is suspected.
+pub const SUSPECT_AFTER_ROUNDS: u32 = 3;
+/// Gossip rounds without a new heartbeat before a node can be declared dead.
+pub const DEAD_AFTER_ROUNDS: u32 = 10;
+/// Key of a node's gRPC address.
+const GRPC_KEY: &str = "grpc";
+/// Key of the shards a node leads.
+const LED_KEY: &str = "led";
+/// Prefix of the per-queue load keys.
+const QUEUE_PREFIX: &str = "queue:";
+
+/// How a node gossips.
+#[derive(Debug, Clone)]
+pub struct GossipConfig {
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// UDP address the others reach this node at.
+    pub advertise: SocketAddr,
+    /// Where to find the other nodes (`host:port`, resolved by chitchat).
+    pub seeds: Vec<String>,
+    /// Pause between two gossip rounds.
+    pub interval: Duration,
+    /// How long a silent node may stay alive: the failure detector declares
+    /// it dead once its silence is this unlikely given the intervals seen.
+    pub phi_threshold: f64,
+}
+
+/// Why gossip could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start gossip on {listen}/UDP: {reason}")]
+pub struct GossipError {
+    listen: SocketAddr,
+    reason: String,
+}
+
+/// One queue's load on one node, as the dispatcher of its led shards sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueLoad {
+    /// Producers with undelivered messages.
+    pub backlogged_producers: u64,
+    /// Sum of their weights: what the node's share of a consumer follows.
+    pub backlogged_weight: u64,
+    /// Messages stored and not acked (in flight included).
+    pub messages: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Deliveries per second, recently.
+    pub dispatch_rate: f64,
+    /// Consumer streams on this node.
+    pub consumers: u64,
+}
+
+impl QueueLoad {
+    fn encode(&self) -> String {
+        format!(
+            "p={};w={};m={};b={};r={:.1};c={}",
+            self.backlogged_producers,
+            self.backlogged_weight,
+            self.messages,
+            self.bytes,
+            self.dispatch_rate,
+            self.consumers
+        )
+    }
+
+    fn decode(text: &str) -> Self {
+        let mut load = Self::default();
+        for field in text.split(';') {
+            let Some((name, value)) = field.split_once('=') else {
+                continue;
+            };
+            match name {
+                "p" => load.backlogged_producers = value.parse().unwrap_or(0),
+                "w" => load.backlogged_weight = value.parse().unwrap_or(0),
+                "m" => load.messages = value.parse().unwrap_or(0),
+                "b" => load.bytes = value.parse().unwrap_or(0),
+                "r" => load.dispatch_rate = value.parse().unwrap_or(0.0),
+                "c" => load.consumers = value.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        load
+    }
+}
+
+/// What a node publishes about itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeReport {
+    /// Shards this node leads.
+    pub shards_led: Vec<ShardId>,
+    /// Load per queue.
+    pub queues: BTreeMap<String, QueueLoad>,
+}
+
+/// The failure detector's verdict on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Heartbeats arrive.
+    Alive,
+    /// Alive by the failure detector, but silent for several rounds.
+    Suspected,
+    /// Declared dead by the failure detector.
+    Dead,
+}
+
+impl Liveness {
+    /// Lower-case name, as shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Liveness::Alive => "alive",
+            Liveness::Suspected => "suspected",
+            Liveness::Dead => "dead",
+        }
+    }
+}
+
+/// One node as the view knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    /// Its gRPC address.
+    pub grpc_address: String,
+    /// Verdict of the failure detector.
+    pub liveness: Liveness,
+    /// Time since its heartbeat last changed (zero for this node).
+    pub age: Duration,
+    /// What it last published.
+    pub report: NodeReport,
+}
+
+/// Every node this one has heard of, by node id.
+pub type View = BTreeMap<NodeId, NodeView>;
+
+/// Bytes gossip sent and received since the node started.
+#[derive(Debug, Default)]
+pub struct Traffic {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+impl Traffic {
+    /// (bytes sent, bytes received).
+    pub fn totals(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// This node's gossip agent.
+pub struct Gossip {
+    handle: ChitchatHandle,
+    node_id: NodeId,
+    interval: Duration,
+    traffic: Arc<Traffic>,
+    /// Per node (by chitchat id): the last heartbeat seen and when it changed.
+    heartbeats: Mutex<HashMap<ChitchatId, (u64, Instant)>>,
+    published_queues: Mutex<BTreeSet<String>>,
+}
+
+impl Gossip {
+    /// Starts gossiping as `node_id`, publishing `grpc_address`.
+    pub async fn start(
+        node_id: NodeId,
+        grpc_address: &str,
+        config: GossipConfig,
+    ) -> Result<Self, GossipError> {
+        let generation = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let chitchat_id = ChitchatId::new(node_id.to_string(), generation, config.advertise);
+        let failure_detector_config = FailureDetectorConfig {
+            phi_threshold: config.phi_threshold,
+            initial_interval: config.interval,
+            max_interval: config.interval * 10,
+            dead_node_grace_period: Duration::from_secs(3_600),
+            ..FailureDetectorConfig::default()
+        };
+        let chitchat_config = ChitchatConfig {
+            chitchat_id,
+            cluster_id: "floret".into(),
+            gossip_interval: config.interval,
+            listen_addr: config.listen,
+            seed_nodes: config.seeds.clone(),
+            failure_detector_config,
+            marked_for_deletion_grace_period: Duration::from_secs(3_600),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V0,
+        };
+        let traffic = Arc::new(Traffic::default());
+        let transport = CountingTransport {
+            traffic: traffic.clone(),
+        };
+        let handle = spawn_chitchat(
+            chitchat_config,
+            vec![(GRPC_KEY.to_owned(), grpc_address.to_owned())],
+            &transport,
+        )
+        .await
+        .map_err(|error| GossipError {
+            listen: config.listen,
+            reason: format!("{error:#}"),
+        })?;
+        Ok(Self {
+            handle,
+            node_id,
+            interval: config.interval,
+            traffic,
+            heartbeats: Mutex::default(),
+            published_queues: Mutex::default(),
+        })
+    }
+
+    /// Publishes this node's report; only changed values are gossiped.
+    pub async fn publish(&self, report: &NodeReport) {
+        let chitchat = self.handle.chitchat();
+        let mut chitchat = chitchat.lock().await;
+        let state = chitchat.self_node_state();
+        let led = report
+            .shards_led
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        if state.get(LED_KEY) != Some(led.as_str()) {
+            state.set(LED_KEY, led);
+        }
+        let mut published = self.published_queues.lock().expect("gossip lock");
+        for (queue, load) in &report.queues {
+            let key = format!("{QUEUE_PREFIX}{queue}");
+            let value = load.encode();
+            if state.get(&key) != Some(value.as_str()) {
+                state.set(&key, value);
+            }
+            published.insert(queue.clone());
+        }
+        published.retain(|queue| {
+            let keep = report.queues.contains_key(queue);
+            if !keep {
+                state.delete(&format!("{QUEUE_PREFIX}{queue}"));
+            }
+            keep
+        });
+    }
+
+    /// Every node this one knows, with its liveness and last report.
+    pub async fn view(&self) -> View {
+        let chitchat = self.handle.chitchat();
+        let chitchat = chitchat.lock().await;
+        let now = Instant::now();
+        let live: BTreeSet<&ChitchatId> = chitchat.live_nodes().collect();
+        let self_id = chitchat.self_chitchat_id().clone();
+        let mut heartbeats = self.heartbeats.lock().expect("gossip lock");
+        let mut newest: BTreeMap<NodeId, (&ChitchatId, NodeView)> = BTreeMap::new();
+        for (chitchat_id, state) in chitchat.node_states() {
+            let Ok(node_id) = chitchat_id.node_id.parse::<NodeId>() else {
+                continue;
+            };
+            let heartbeat = u64::from(state.heartbeat());
+            let changed = heartbeats
+                .entry(chitchat_id.clone())
+                .and_modify(|seen| {
+                    if seen.0 != heartbeat {
+                        *seen = (heartbeat, now);
+                    }
+                })
+                .or_insert((heartbeat, now))
+                .1;
+            let age = if *chitchat_id == self_id {
+                Duration::ZERO
+            } else {
+                now.saturating_duration_since(changed)
+            };
+            let detector_gave_up = !live.contains(chitchat_id);
+            let liveness = if detector_gave_up && age >= self.interval * DEAD_AFTER_ROUNDS {
+                Liveness::Dead
+            } else if detector_gave_up || age > self.interval * SUSPECT_AFTER_ROUNDS {
+                Liveness::Suspected
+            } else {
+                Liveness::Alive
+            };
+            let report = NodeReport {
+                shards_led: state
+                    .get(LED_KEY)
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|s| s.parse().ok())
+                    .collect(),
+                queues: state
+                    .key_values()
+                    .filter_map(|(key, value)| {
+                        key.strip_prefix(QUEUE_PREFIX)
+                            .map(|queue| (queue.to_owned(), QueueLoad::decode(value)))
+                    })
+                    .collect(),
+            };
+            let view = NodeView {
+                grpc_address: state.get(GRPC_KEY).unwrap_or_default().to_owned(),
+                liveness,
+                age,
+                report,
+            };
+            let replace = newest
+                .get(&node_id)
+                .is_none_or(|(known, _)| known.generation_id < chitchat_id.generation_id);
+            if replace {
+                newest.insert(node_id, (chitchat_id, view));
+            }
+        }
+        heartbeats.retain(|id, _| chitchat.node_states().contains_key(id));
+        newest
+            .into_iter()
+            .map(|(node_id, (_, view))| (node_id, view))
+            .collect()
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// Bytes sent and received by gossip so far.
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
+    }
+
+    /// Stops gossiping.
+    pub async fn shutdown(self) {
+        if let Err(error) = self.handle.shutdown().await {
+            tracing::debug!(%error, "gossip did not stop cleanly");
+        }
+    }
+}
+
+/// chitchat's UDP transport, counting bytes.
+struct CountingTransport {
+    traffic: Arc<Traffic>,
+}
+
+#[tonic::async_trait]
+impl Transport for CountingTransport {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        Ok(Box::new(CountingSocket {
+            inner: UdpTransport.open(listen_addr).await?,
+            traffic: self.traffic.clone(),
+        }))
+    }
+}
+
+struct CountingSocket {
+    inner: Box<dyn Socket>,
+    traffic: Arc<Traffic>,
+}
+
+#[tonic::async_trait]
+impl Socket for CountingSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    async fn send(
+        &mut self,
+        to: SocketAddr,
+        envelope: ChitchatEnvelope,
+    ) -> anyhow::Result<SendOutcome> {
+        let outcome = self.inner.send(to, envelope).await?;
+        self.traffic
+            .sent
+            .fetch_add(outcome.num_bytes_sent as u64, Ordering::Relaxed);
+        Ok(outcome)
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        let outcome = self.inner.recv().await?;
+        self.traffic
+            .received
+            .fetch_add(outcome.num_bytes_received as u64, Ordering::Relaxed);
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_load_survives_its_text_form() {
+        let load = QueueLoad {
+            backlogged_producers: 3,
+            backlogged_weight: 5,
+            messages: 120,
+            bytes: 15_360,
+            dispatch_rate: 512.5,
+            consumers: 1,
+        };
+        assert_eq!(QueueLoad::decode(&load.encode()), load);
+        assert_eq!(
+            QueueLoad::decode("w=2;junk;x=1"),
+            QueueLoad {
+                backlogged_weight: 2,
+                ..QueueLoad::default()
+            }
+        );
+    }
+}

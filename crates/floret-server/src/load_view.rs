@@ -1,0 +1,177 @@
+//! This node's side of the gossip view: publishes its load a few times a
+//! second and hands the latest view of every node to the services (the
+//! consumer fan-in splits credits by it; cluster status shows it).
+//!
+//! Published per queue: backlogged producers and their weight and the
+//! backlog (from the dispatcher of the shards this node leads), backlog
+//! bytes (from those shards' durable producer records, re-read every
+//! [`BYTES_REFRESH`]), the recent dispatch rate and the consumers here.
+//! Gossip's own traffic is exported as the `floret_gossip_sent_bytes_total`
+//! and `floret_gossip_received_bytes_total` metrics.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A one-node cluster runs no gossip; its services see no view.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floret_cluster::{Gossip, GossipConfig, GossipError, NodeReport, QueueLoad, Shards, View};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::dispatcher::DispatcherHandle;
+
+/// How often backlog bytes are summed from the durable producer records.
+const BYTES_REFRESH: Duration = Duration::from_secs(2);
+
+/// The running gossip agent and the latest view.
+pub struct LoadView {
+    gossip: Arc<Gossip>,
+    view: watch::Receiver<Arc<View>>,
+    publisher: JoinHandle<()>,
+}
+
+impl LoadView {
+    /// Starts gossiping (`bound` is the gRPC listener's address) and
+    /// publishing; None for a one-node cluster.
+    pub async fn start(
+        config: &Config,
+        bound: SocketAddr,
+        shards: Arc<Shards>,
+        dispatcher: DispatcherHandle,
+    ) -> Result<Option<Self>, GossipError> {
+        let peers = shards.peers().clone();
+        if peers.others().next().is_none() {
+            return Ok(None);
+        }
+        let listen = config.gossip.listen.unwrap_or(bound);
+        let own_address = peers
+            .address(peers.node_id())
+            .unwrap_or_default()
+            .to_owned();
+        let advertise = match tokio::net::lookup_host(&own_address).await {
+            Ok(mut resolved) => resolved
+                .next()
+                .map_or(listen, |addr| SocketAddr::new(addr.ip(), listen.port())),
+            Err(_) => listen,
+        };
+        let interval = Duration::from_millis(config.gossip.interval_ms);
+        let gossip = Arc::new(
+            Gossip::start(
+                peers.node_id(),
+                &own_address,
+                GossipConfig {
+                    listen,
+                    advertise,
+                    seeds: peers
+                        .others()
+                        .filter_map(|node| peers.address(node).map(str::to_owned))
+                        .collect(),
+                    interval,
+                    phi_threshold: config.gossip.phi_threshold,
+                },
+            )
+            .await?,
+        );
+        let (sender, view) = watch::channel(Arc::new(View::new()));
+        let publisher = tokio::spawn(publish(
+            gossip.clone(),
+            shards,
+            dispatcher,
+            interval,
+            sender,
+        ));
+        Ok(Some(Self {
+            gossip,
+            view,
+            publisher,
+        }))
+    }
+
+    /// The latest view, updated after every publication.
+    pub fn receiver(&self) -> watch::Receiver<Arc<View>> {
+        self.view.clone()
+    }
+
+    /// Stops publishing and gossiping.
+    pub async fn stop(self) {
+        self.publisher.abort();
+        let _ = self.publisher.await;
+        match Arc::try_unwrap(self.gossip) {
+            Ok(gossip) => gossip.shutdown().await,
+            Err(_) => tracing::debug!("gossip still shared at shutdown"),
+        }
+    }
+}
+
+async fn publish(
+    gossip: Arc<Gossip>,
+    shards: Arc<Shards>,
+    dispatcher: DispatcherHandle,
+    interval: Duration,
+    view: watch::Sender<Arc<View>>,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut delivered_before: HashMap<String, u64> = HashMap::new();
+    let mut measured_at = Instant::now();
+    let mut bytes: HashMap<String, u64> = HashMap::new();
+    let mut bytes_at: Option<Instant> = None;
+    loop {
+        ticks.tick().await;
+        let Ok(activity) = dispatcher.activity().await else {
+            return;
+        };
+        if bytes_at.is_none_or(|at| at.elapsed() >= BYTES_REFRESH) {
+            let led = shards.clone();
+            if let Ok(summed) = tokio::task::spawn_blocking(move || backlog_bytes(&led)).await {
+                bytes = summed;
+            }
+            bytes_at = Some(Instant::now());
+        }
+        let seconds = measured_at.elapsed().as_secs_f64().max(1e-3);
+        measured_at = Instant::now();
+        let mut report = NodeReport {
+            shards_led: shards
+                .groups()
+                .filter(|group| shards.leads(group.id))
+                .map(|group| group.id)
+                .collect(),
+            queues: Default::default(),
+        };
+        for (queue, activity) in activity {
+            let before = delivered_before.insert(queue.clone(), activity.delivered);
+            let load = QueueLoad {
+                backlogged_producers: activity.backlogged_producers,
+                backlogged_weight: activity.backlogged_weight,
+                messages: activity.ready + activity.in_flight,
+                bytes: bytes.get(&queue).copied().unwrap_or(0),
+                dispatch_rate: activity.delivered.saturating_sub(before.unwrap_or(0)) as f64
+                    / seconds,
+                consumers: activity.consumers,
+            };
+            if load != QueueLoad::default() {
+                report.queues.insert(queue, load);
+            }
+        }
+        gossip.publish(&report).await;
+        let (sent, received) = gossip.traffic().totals();
+        metrics::counter!("floret_gossip_sent_bytes_total").absolute(sent);
+        metrics::counter!("floret_gossip_received_bytes_total").absolute(received);
+        let _no_readers = view.send(Arc::new(gossip.view().await));
+    }
+}
+
+/// Stored bytes per queue over the shards this node leads.
+fn backlog_bytes(shards: &Shards) -> HashMap<String, u64> {
+    let mut bytes = HashMap::new();
+    for group in shards.groups().filter(|group| shards.leads(group.id)) {
+        for entry in group.reader.producers().flatten() {
+            *bytes.entry(entry.queue).or_insert(0) += entry.record.bytes;
+        }
+    }
+    bytes
+}

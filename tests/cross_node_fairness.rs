@@ -1,0 +1,224 @@
+//! Fairness across nodes, on three real `floret serve` processes: producers
+//! placed unevenly over the nodes still get equal shares of one consumer,
+//! because consumer credits are split by the backlogged weight each node
+//! gossips; and a dead node drops out of the split.
+//!
+//! One cluster runs at a time; every wait has a deadline.
+
+mod harness;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use floret_client::{Client, ConsumerEvent, Message};
+use floret_cluster::ShardPlacement;
+use harness::{Cluster, eventually, one_cluster_at_a_time};
+
+/// Shards of the test clusters.
+const SHARDS: u32 = 8;
+/// Messages each producer has backlogged before the consumer starts.
+const BACKLOG: u64 = 600;
+/// Deliveries skipped before the window, while the view settles.
+const WARM_UP: usize = 150;
+/// Length of the measured window.
+const WINDOW: Duration = Duration::from_secs(8);
+/// The consumer's pause per delivery: a sink slower than the cluster.
+const SINK_PAUSE: Duration = Duration::from_millis(4);
+
+/// Jain's fairness index of `shares`: 1 when all are equal, 1/n when one has all.
+fn jain(shares: &[f64]) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let squares: f64 = shares.iter().map(|s| s * s).sum();
+    sum * sum / (shares.len() as f64 * squares)
+}
+
+/// Producer names whose shards node `node` leads, `count` of them.
+fn producers_led_by(
+    leaders: &BTreeMap<u32, u64>,
+    node: u64,
+    count: usize,
+    prefix: &str,
+) -> Vec<String> {
+    let placement = ShardPlacement::new(SHARDS);
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|p| leaders[&placement.shard_of("default", p)] == node)
+        .take(count)
+        .collect()
+}
+
+/// Every shard's leader, once every shard has a reachable one.
+async fn leaders(cluster: &Cluster, via: u64) -> BTreeMap<u32, u64> {
+    let mut leaders = BTreeMap::new();
+    for shard in 0..SHARDS {
+        leaders.insert(shard, cluster.leader_of(shard, via).await);
+    }
+    leaders
+}
+
+async fn backlog(client: &Client, producers: &[String]) {
+    for producer in producers {
+        let mut sender = client.producer("default", producer);
+        for batch in 0..BACKLOG / 100 {
+            let messages = (0..100)
+                .map(|i| Message {
+                    payload: format!("{producer}:{}", batch * 100 + i).into_bytes(),
+                    headers: HashMap::new(),
+                })
+                .collect();
+            sender.send(messages).await.expect("backlog produce");
+        }
+    }
+}
+
+/// Consumes through `client` at the sink's pace; returns per-producer
+/// deliveries in the window after the warm-up.
+async fn measure_shares(client: &Client) -> BTreeMap<String, u64> {
+    let mut consumer = client.consume("default", 8).await.expect("subscribe");
+    let mut delivered = 0usize;
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut window_end: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while window_end.is_none_or(|end| Instant::now() < end) {
+        assert!(Instant::now() < deadline, "the window never ended");
+        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a delivery within 10 s")
+            .expect("consume stream")
+            .expect("stream open");
+        let ConsumerEvent::Delivery(delivery) = event else {
+            continue;
+        };
+        delivered += 1;
+        if delivered == WARM_UP {
+            window_end = Some(Instant::now() + WINDOW);
+        } else if delivered > WARM_UP {
+            *counts.entry(delivery.producer_id.clone()).or_insert(0) += 1;
+        }
+        tokio::time::sleep(SINK_PAUSE).await;
+        consumer.ack(vec![delivery.delivery_id]).await.expect("ack");
+        consumer.credit(1).await.expect("credit");
+    }
+    counts
+}
+
+/// Starts three nodes, backlogs one producer on one node's shards and nine
+/// on another's, consumes through the third; returns the shares (lone
+/// producer first) and the name of the lone producer.
+async fn uneven_placement_shares(extra_args: &[&str]) -> (Vec<f64>, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--shards", "8"];
+    args.extend_from_slice(extra_args);
+    let cluster = Cluster::start(dir.path(), 3, &args);
+    let leaders = leaders(&cluster, 1).await;
+    let lone = producers_led_by(&leaders, 1, 1, "lone");
+    let crowd = producers_led_by(&leaders, 2, 9, "crowd");
+    backlog(&cluster.client(1), &lone).await;
+    backlog(&cluster.client(2), &crowd).await;
+    let counts = measure_shares(&cluster.client(3)).await;
+    let total: u64 = counts.values().sum();
+    let producers: Vec<String> = lone.iter().chain(&crowd).cloned().collect();
+    let shares = producers
+        .iter()
+        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
+        .collect();
+    (shares, producers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_producer_on_its_own_node_takes_as_much_as_nine_on_another() {
+    let _one = one_cluster_at_a_time().await;
+    let (shares, producers) = uneven_placement_shares(&[]).await;
+    let index = jain(&shares);
+    eprintln!("cross-node split on: Jain {index:.3}, shares {shares:.3?} of {producers:?}");
+    for (producer, share) in producers.iter().zip(&shares) {
+        assert!(
+            (share - 0.1).abs() <= 0.015,
+            "{producer} got {:.1}% of deliveries, not 10% ± 15%: {shares:.3?}",
+            share * 100.0
+        );
+    }
+    assert!(index >= 0.98, "Jain's index {index:.3}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_cross_node_split_the_lone_producer_takes_a_node_share() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("floret.toml");
+    std::fs::write(&config, "[fairness]\ncross_node_split = false\n").unwrap();
+    let (shares, producers) =
+        uneven_placement_shares(&["--config", config.to_str().unwrap()]).await;
+    let index = jain(&shares);
+    eprintln!("cross-node split off: Jain {index:.3}, shares {shares:.3?} of {producers:?}");
+    assert!(
+        shares[0] > 0.3 && index < 0.8,
+        "without the split the lone producer should take about half: {shares:.3?}, Jain {index:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_node_stays_in_the_split() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", "8"]);
+    let leaders = leaders(&cluster, 1).await;
+    let on_1 = producers_led_by(&leaders, 1, 3, "one");
+    let on_2 = producers_led_by(&leaders, 2, 3, "two");
+    backlog(&cluster.client(1), &on_1).await;
+    backlog(&cluster.client(2), &on_2).await;
+
+    cluster.kill(2);
+    let killed_at = Instant::now();
+    let survivor = cluster.client(3);
+    eventually(
+        Duration::from_secs(5),
+        "the view marking node 2 dead",
+        || {
+            let survivor = survivor.clone();
+            async move {
+                survivor.cluster_status().await.is_ok_and(|status| {
+                    status
+                        .nodes
+                        .iter()
+                        .any(|n| n.node_id == 2 && n.liveness == "dead")
+                })
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "node 2 marked dead {:?} after the kill",
+        killed_at.elapsed()
+    );
+    let now_led = self::leaders(&cluster, 3).await;
+    eprintln!(
+        "every shard led again {:?} after the kill",
+        killed_at.elapsed()
+    );
+
+    let counts = measure_shares(&survivor).await;
+    let total: u64 = counts.values().sum();
+    let shares: Vec<f64> = on_1
+        .iter()
+        .chain(&on_2)
+        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
+        .collect();
+    let index = jain(&shares);
+    let placement = ShardPlacement::new(SHARDS);
+    let placed: Vec<(String, u32, u64)> = on_1
+        .iter()
+        .chain(&on_2)
+        .map(|p| {
+            let shard = placement.shard_of("default", p);
+            (p.clone(), shard, now_led[&shard])
+        })
+        .collect();
+    eprintln!(
+        "after the kill: Jain {index:.3}, shares {shares:.3?}; (producer, shard, leader): {placed:?}"
+    );
+    assert!(
+        index >= 0.95,
+        "fairness among the surviving producers: Jain {index:.3}, {shares:.3?}"
+    );
+}
