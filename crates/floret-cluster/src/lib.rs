@@ -8,9 +8,12 @@
 //! The gossip view ([`Gossip`]) carries what every node publishes about
 //! itself: its address, the shards it leads and its load per queue.
 //!
+//! Requests are routed to a shard's leader as this node's replica knows it,
+//! or, for shards it does not hold, as the gossip view says.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - Request routing reads leaders from this node's own replicas, not yet
-//!   from the gossip view.
+//! - Leadership rebalancing is driven by each preferred replica asking for
+//!   its shards back; it does not consult the view yet.
 
 mod gossip;
 mod network;

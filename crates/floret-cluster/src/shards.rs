@@ -18,13 +18,14 @@
 //! - Membership is fixed by configuration: no joint-consensus changes yet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use floret_proto::peer::v1::ShardStatesRequest;
 use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
 use openraft::{BasicNode, SnapshotPolicy};
 
+use crate::gossip::{Liveness, View};
 use crate::network::PeerNetwork;
 use crate::peers::Peers;
 use crate::placement::{ReplicaPlacement, ShardPlacement};
@@ -111,6 +112,7 @@ pub struct Shards {
     placement: ShardPlacement,
     replicas: ReplicaPlacement,
     tuning: RaftTuning,
+    view: OnceLock<tokio::sync::watch::Receiver<Arc<View>>>,
 }
 
 impl Shards {
@@ -159,6 +161,7 @@ impl Shards {
             placement: ShardPlacement::new(shard_count),
             replicas,
             tuning: tuning.clone(),
+            view: OnceLock::new(),
         })
     }
 
@@ -355,10 +358,25 @@ impl Shards {
             .and_then(|group| group.raft.metrics().borrow().current_leader)
     }
 
-    /// Where a request for `shard` should go: its known leader, else its
-    /// preferred replica.
+    /// Lets [`Shards::route`] take leaders of shards this node does not
+    /// hold from the gossip view (set once, when gossip has started).
+    pub fn attach_view(&self, view: tokio::sync::watch::Receiver<Arc<View>>) {
+        let _already_attached = self.view.set(view);
+    }
+
+    /// Where a request for `shard` should go: its leader as this node's own
+    /// replica knows it; else the live node that gossips leading it; else
+    /// its preferred replica.
     pub fn route(&self, shard: ShardId) -> NodeId {
         self.leader_of(shard)
+            .or_else(|| {
+                let view = self.view.get()?.borrow().clone();
+                view.iter()
+                    .find(|(_, node)| {
+                        node.liveness != Liveness::Dead && node.report.shards_led.contains(&shard)
+                    })
+                    .map(|(&node, _)| node)
+            })
             .unwrap_or_else(|| self.replicas.preferred_leader(shard))
     }
 

@@ -150,6 +150,9 @@ impl Node {
         let load_view =
             LoadView::start(&config, address, shards.clone(), dispatcher.clone()).await?;
         let view = load_view.as_ref().map(LoadView::receiver);
+        if let Some(view) = &view {
+            shards.attach_view(view.clone());
+        }
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health
