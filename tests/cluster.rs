@@ -526,7 +526,7 @@ async fn node_with_wiped_data_dir_stays_behind() {
         founded_before_wipe,
         "node 3 founded a shard again after losing its data dir"
     );
-    let held_by_node_3 = rejoined.queue_stats("default").await.unwrap();
+    let held_by_node_3 = rejoined.node_queue_stats("default").await.unwrap();
     assert_eq!(
         held_by_node_3.queues[0].backlog_messages, 1_000,
         "node 3's own replicas after catching up"

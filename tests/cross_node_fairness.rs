@@ -105,7 +105,9 @@ async fn measure_shares(client: &Client) -> BTreeMap<String, u64> {
 /// Starts three nodes, backlogs one producer on one node's shards and nine
 /// on another's, consumes through the third; returns the shares (lone
 /// producer first) and the name of the lone producer.
-async fn uneven_placement_shares(extra_args: &[&str]) -> (Vec<f64>, Vec<String>) {
+async fn uneven_placement_shares(
+    extra_args: &[&str],
+) -> (Vec<f64>, Vec<String>, floret_client::QueueStatsResponse) {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["--shards", "8"];
     args.extend_from_slice(extra_args);
@@ -116,20 +118,44 @@ async fn uneven_placement_shares(extra_args: &[&str]) -> (Vec<f64>, Vec<String>)
     backlog(&cluster.client(1), &lone).await;
     backlog(&cluster.client(2), &crowd).await;
     let counts = measure_shares(&cluster.client(3)).await;
+    let stats = cluster.client(1).queue_stats("default").await.unwrap();
     let total: u64 = counts.values().sum();
     let producers: Vec<String> = lone.iter().chain(&crowd).cloned().collect();
     let shares = producers
         .iter()
         .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
         .collect();
-    (shares, producers)
+    (shares, producers, stats)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lone_producer_on_its_own_node_takes_as_much_as_nine_on_another() {
     let _one = one_cluster_at_a_time().await;
-    let (shares, producers) = uneven_placement_shares(&[]).await;
+    let (shares, producers, stats) = uneven_placement_shares(&[]).await;
     let index = jain(&shares);
+    let reported = &stats.queues[0];
+    eprintln!(
+        "QueueStats: Jain {:.3}; dwell p99 per producer {:?}",
+        reported.jain_index,
+        reported
+            .producers
+            .iter()
+            .map(|p| p.dwell_p99_ms)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        reported.jain_index >= 0.95,
+        "QueueStats' own Jain index {:.3}",
+        reported.jain_index
+    );
+    assert!(
+        reported
+            .producers
+            .iter()
+            .all(|p| p.led && p.window_deliveries > 0 && p.weight == 1),
+        "every producer reported by its shard's leader with recent deliveries: {:?}",
+        reported.producers
+    );
     eprintln!("cross-node split on: Jain {index:.3}, shares {shares:.3?} of {producers:?}");
     for (producer, share) in producers.iter().zip(&shares) {
         assert!(
@@ -147,7 +173,7 @@ async fn without_the_cross_node_split_the_lone_producer_takes_a_node_share() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("floret.toml");
     std::fs::write(&config, "[fairness]\ncross_node_split = false\n").unwrap();
-    let (shares, producers) =
+    let (shares, producers, _) =
         uneven_placement_shares(&["--config", config.to_str().unwrap()]).await;
     let index = jain(&shares);
     eprintln!("cross-node split off: Jain {index:.3}, shares {shares:.3?} of {producers:?}");

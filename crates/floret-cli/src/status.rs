@@ -48,10 +48,14 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 "queue": q.queue, "backlog_messages": q.backlog_messages, "backlog_bytes": q.backlog_bytes,
                 "in_flight": q.in_flight, "delivered": q.delivered, "acked": q.acked, "redelivered": q.redelivered,
                 "consumers": q.consumers, "oldest_message_age_ms": q.oldest_message_age_ms,
+                "jain_index": q.jain_index, "fairness_window_seconds": q.fairness_window_seconds,
                 "producers": q.producers.iter().map(|p| serde_json::json!({
                     "producer_id": p.producer_id, "backlog_messages": p.backlog_messages, "backlog_bytes": p.backlog_bytes,
                     "in_flight": p.in_flight, "delivered": p.delivered, "acked": p.acked,
                     "oldest_message_age_ms": p.oldest_message_age_ms,
+                    "window_deliveries": p.window_deliveries, "dwell_p50_ms": p.dwell_p50_ms,
+                    "dwell_p99_ms": p.dwell_p99_ms, "weight": p.weight, "deficit": p.deficit,
+                    "ready": p.ready,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
@@ -129,7 +133,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     for queue in &stats.queues {
         println!(
-            "\nqueue {}: backlog {} msgs / {} B, in flight {}, delivered {}, acked {}, redelivered {}, consumers {}, oldest {} ms",
+            "\nqueue {}: backlog {} msgs / {} B, in flight {}, delivered {}, acked {}, redelivered {}, consumers {}, oldest {} ms, Jain {:.3} over {} s",
             queue.queue,
             queue.backlog_messages,
             queue.backlog_bytes,
@@ -138,7 +142,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             queue.acked,
             queue.redelivered,
             queue.consumers,
-            queue.oldest_message_age_ms
+            queue.oldest_message_age_ms,
+            queue.jain_index,
+            queue.fairness_window_seconds
         );
         let mut producers: Vec<_> = queue.producers.iter().collect();
         producers.sort_by(|a, b| {
@@ -147,18 +153,31 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 .then(a.producer_id.cmp(&b.producer_id))
         });
         println!(
-            "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}",
-            "producer", "backlog", "bytes", "in flight", "acked", "oldest ms"
+            "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}  {:>8}  {:>9}  {:>9}  {:>6}",
+            "producer",
+            "backlog",
+            "bytes",
+            "in flight",
+            "acked",
+            "oldest ms",
+            "window",
+            "dwell p50",
+            "dwell p99",
+            "weight"
         );
         for producer in producers.iter().take(args.top) {
             println!(
-                "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}",
+                "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}  {:>8}  {:>9}  {:>9}  {:>6}",
                 producer.producer_id,
                 producer.backlog_messages,
                 producer.backlog_bytes,
                 producer.in_flight,
                 producer.acked,
-                producer.oldest_message_age_ms
+                producer.oldest_message_age_ms,
+                producer.window_deliveries,
+                producer.dwell_p50_ms,
+                producer.dwell_p99_ms,
+                producer.weight
             );
         }
         if producers.len() > args.top {

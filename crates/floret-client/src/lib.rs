@@ -184,10 +184,26 @@ impl Client {
             .into_inner())
     }
 
-    /// Per-queue and per-producer statistics (`queue` empty = all queues).
+    /// Per-queue and per-producer statistics of the whole cluster (`queue`
+    /// empty = all queues).
     pub async fn queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
+        self.stats(queue, false).await
+    }
+
+    /// The same from the answering node's own shard replicas and dispatcher
+    /// only (to check what one replica holds).
+    pub async fn node_queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
+        self.stats(queue, true).await
+    }
+
+    async fn stats(
+        &self,
+        queue: &str,
+        local_only: bool,
+    ) -> Result<QueueStatsResponse, ClientError> {
         let request = v1::QueueStatsRequest {
             queue: queue.to_owned(),
+            local_only,
         };
         Ok(self.admin.clone().queue_stats(request).await?.into_inner())
     }

@@ -122,7 +122,7 @@ async fn publish(
     let mut bytes_at: Option<Instant> = None;
     loop {
         ticks.tick().await;
-        let Ok(activity) = dispatcher.activity().await else {
+        let Ok(activity) = dispatcher.activity(false).await else {
             return;
         };
         if bytes_at.is_none_or(|at| at.elapsed() >= BYTES_REFRESH) {

@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
 use super::{
-    ConsumerEvent, ConsumerId, Delivered, DispatcherCommand, DispatcherHandle, QueueActivity,
+    ConsumerEvent, ConsumerId, Delivered, DispatcherCommand, DispatcherHandle, ProducerActivity,
+    QueueActivity,
 };
 use crate::delivery_id::DeliveryId;
 
@@ -172,8 +173,11 @@ impl Dispatcher {
                 }
             }
             DispatcherCommand::ConsumerGone { consumer } => self.remove_consumer(consumer),
-            DispatcherCommand::Activity { reply } => {
-                let _caller_gone = reply.send(self.activity());
+            DispatcherCommand::Activity {
+                with_producers,
+                reply,
+            } => {
+                let _caller_gone = reply.send(self.activity(with_producers));
             }
         }
     }
@@ -238,6 +242,9 @@ impl Dispatcher {
                 .consumers
                 .get_mut(&consumer_id)
                 .expect("chosen among live consumers");
+            let now_ms = unix_ms();
+            let dwell_ms = (dispatch.attempt == 1)
+                .then(|| now_ms.saturating_sub(message.enqueued_at_ms.max(0) as u64));
             if consumer
                 .events
                 .send(ConsumerEvent::Delivery(Box::new(Delivered { id, message })))
@@ -253,6 +260,7 @@ impl Dispatcher {
             consumer.held.insert(lease.clone());
             queue.holders.insert(lease, consumer_id);
             queue.delivered += 1;
+            queue.fairness.delivered(&key, now_ms / 1_000, dwell_ms);
             if dispatch.attempt > 1 {
                 queue.redelivered += 1;
             }
@@ -309,10 +317,30 @@ impl Dispatcher {
         }
     }
 
-    fn activity(&self) -> HashMap<String, QueueActivity> {
+    fn activity(&mut self, with_producers: bool) -> HashMap<String, QueueActivity> {
+        let now_second = unix_ms() / 1_000;
         self.queues
-            .iter()
+            .iter_mut()
             .map(|(name, queue)| {
+                let producers = if with_producers {
+                    queue
+                        .fairness
+                        .figures(now_second)
+                        .into_iter()
+                        .map(|(key, fairness)| {
+                            let view = queue.scheduler.producer(&key);
+                            let activity = ProducerActivity {
+                                fairness,
+                                weight: view.map_or(1, |v| v.weight),
+                                deficit: view.map_or(0, |v| v.deficit),
+                                ready: view.map_or(0, |v| v.ready),
+                            };
+                            (key.producer.to_string(), activity)
+                        })
+                        .collect()
+                } else {
+                    HashMap::new()
+                };
                 let mut in_flight_by_producer: HashMap<String, u64> = HashMap::new();
                 for lease in queue.holders.keys() {
                     *in_flight_by_producer
@@ -329,11 +357,20 @@ impl Dispatcher {
                     redelivered: queue.redelivered,
                     in_flight_by_producer,
                     consumers: queue.consumers.len() as u64,
+                    producers,
                 };
                 (name.to_string(), activity)
             })
             .collect()
     }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (commit times are wall-clock too).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -20,6 +20,7 @@
 //! - Consumers of a queue get deliveries from this node only (one node).
 
 mod actor;
+pub mod fairness;
 mod queue;
 
 use std::collections::HashMap;
@@ -77,7 +78,7 @@ pub enum ConsumerEvent {
 }
 
 /// Delivery counters of one queue on this node.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueActivity {
     /// Messages leased to consumers now.
     pub in_flight: u64,
@@ -97,6 +98,21 @@ pub struct QueueActivity {
     pub in_flight_by_producer: HashMap<String, u64>,
     /// Consumer streams subscribed to the queue on this node.
     pub consumers: u64,
+    /// Per backlogged or recently delivered producer of led shards.
+    pub producers: HashMap<String, ProducerActivity>,
+}
+
+/// One producer's scheduling figures on this node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProducerActivity {
+    /// Deliveries in the recent window, and dwell times.
+    pub fairness: fairness::ProducerFairness,
+    /// Its DRR quantum.
+    pub weight: u32,
+    /// Credits left in its current turn.
+    pub deficit: u32,
+    /// Messages ready to be delivered now.
+    pub ready: u64,
 }
 
 pub(crate) enum DispatcherCommand {
@@ -128,6 +144,7 @@ pub(crate) enum DispatcherCommand {
         consumer: ConsumerId,
     },
     Activity {
+        with_producers: bool,
         reply: oneshot::Sender<HashMap<String, QueueActivity>>,
     },
 }
@@ -215,10 +232,17 @@ impl DispatcherHandle {
         let _stopping = self.send(DispatcherCommand::ConsumerGone { consumer });
     }
 
-    /// Delivery counters of every queue.
-    pub async fn activity(&self) -> Result<HashMap<String, QueueActivity>, DispatcherStopped> {
+    /// Delivery counters of every queue; with `with_producers`, also each
+    /// recently delivered producer's fairness figures (costs O(producers)).
+    pub async fn activity(
+        &self,
+        with_producers: bool,
+    ) -> Result<HashMap<String, QueueActivity>, DispatcherStopped> {
         let (reply, activity) = oneshot::channel();
-        self.send(DispatcherCommand::Activity { reply })?;
+        self.send(DispatcherCommand::Activity {
+            with_producers,
+            reply,
+        })?;
         activity.await.map_err(|_| DispatcherStopped)
     }
 }

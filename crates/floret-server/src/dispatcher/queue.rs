@@ -8,6 +8,7 @@ use floret_sched::{Scheduler, SchedulerConfig};
 use floret_store::ShardId;
 
 use super::ConsumerId;
+use super::fairness::FairnessWindow;
 
 /// A producer as the dispatcher schedules it: the shard is part of the key so
 /// a message is read from the right shard without recomputing placement.
@@ -34,6 +35,8 @@ pub(super) struct QueueDispatch {
     pub delivered: u64,
     pub acked: u64,
     pub redelivered: u64,
+    /// Recent deliveries and dwell times per producer.
+    pub fairness: FairnessWindow<ProducerKey>,
 }
 
 impl QueueDispatch {
@@ -45,6 +48,7 @@ impl QueueDispatch {
             delivered: 0,
             acked: 0,
             redelivered: 0,
+            fairness: FairnessWindow::default(),
         }
     }
 

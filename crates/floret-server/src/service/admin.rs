@@ -6,13 +6,16 @@
 //!
 //! Cluster status asks every peer for its own view (`local_only`) and merges
 //! them: each shard as its leader sees it, with every replica's applied
-//! index and lag, and every node's reachability.
+//! index and lag, and every node's reachability and gossip verdict. Queue
+//! statistics do the same: each producer as the leader of its shard reports
+//! it (durable counters, deliveries and dwell times in the recent window,
+//! DRR weight and deficit), and Jain's index is computed over the merged
+//! producers.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Statistics list every producer with stored state; there is no paging yet.
-//! - Queue statistics are this node's: durable counters of the shards it
-//!   holds, delivery counters of its own dispatcher. Cluster-wide ones come
-//!   with the gossip view.
+//! - A shard without a reachable leader is reported from the replica that
+//!   applied the most acks, without delivery figures.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
 use crate::dispatcher::DispatcherHandle;
+use crate::dispatcher::fairness::{WINDOW_SECONDS, jain_index};
 use crate::request;
 
 /// Serves inspection of one node.
@@ -92,10 +96,45 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::QueueStatsRequest>,
     ) -> Result<Response<v1::QueueStatsResponse>, Status> {
-        let wanted = request.into_inner().queue;
-        let wanted = (!wanted.is_empty())
-            .then(|| request::queue_name(&wanted))
+        let request = request.into_inner();
+        let wanted = (!request.queue.is_empty())
+            .then(|| request::queue_name(&request.queue))
             .transpose()?;
+        let local = self.local_stats(wanted).await?;
+        let peers = self.shards.peers();
+        if request.local_only || peers.others().next().is_none() {
+            return Ok(Response::new(local));
+        }
+        let asks = peers.others().map(|node| {
+            let channel = peers.channel(node);
+            let queue = request.queue.clone();
+            async move {
+                let mut client = v1::admin_client::AdminClient::new(channel?);
+                let call = client.queue_stats(v1::QueueStatsRequest {
+                    queue,
+                    local_only: true,
+                });
+                match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
+                    Ok(Ok(stats)) => Some(stats.into_inner()),
+                    _ => None,
+                }
+            }
+        });
+        let mut answers: Vec<v1::QueueStatsResponse> = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        answers.push(local);
+        Ok(Response::new(merge_queue_stats(answers)))
+    }
+}
+
+impl AdminService {
+    /// This node's own figures: durable counters of every shard it holds
+    /// (marked `led` where it leads the producer's shard) and its
+    /// dispatcher's delivery and fairness figures.
+    async fn local_stats(&self, wanted: Option<String>) -> Result<v1::QueueStatsResponse, Status> {
         let shards = self.shards.clone();
         let filter = wanted.clone();
         let producers =
@@ -104,7 +143,7 @@ impl v1::admin_server::Admin for AdminService {
                 .map_err(|e| Status::internal(format!("stats task failed: {e}")))??;
         let activity = self
             .dispatcher
-            .activity()
+            .activity(true)
             .await
             .map_err(status::from_stopped)?;
         let mut queues: BTreeMap<String, v1::QueueStat> = BTreeMap::new();
@@ -119,17 +158,22 @@ impl v1::admin_server::Admin for AdminService {
             }
         }
         for (entry, oldest_age_ms) in producers {
-            let in_flight = activity
-                .get(&entry.queue)
+            let queue_activity = activity.get(&entry.queue);
+            let in_flight = queue_activity
                 .and_then(|a| a.in_flight_by_producer.get(&entry.producer))
                 .copied()
                 .unwrap_or(0);
+            let scheduling = queue_activity
+                .and_then(|a| a.producers.get(&entry.producer))
+                .cloned()
+                .unwrap_or_default();
+            let led = self.shards.leads(
+                self.shards
+                    .placement()
+                    .shard_of(&entry.queue, &entry.producer),
+            );
             let stat = queues.entry(entry.queue.clone()).or_default();
             stat.queue = entry.queue.clone();
-            stat.backlog_messages += entry.record.messages;
-            stat.backlog_bytes += entry.record.bytes;
-            stat.acked += entry.record.acked;
-            stat.oldest_message_age_ms = stat.oldest_message_age_ms.max(oldest_age_ms);
             stat.producers.push(v1::ProducerStat {
                 producer_id: entry.producer,
                 backlog_messages: entry.record.messages,
@@ -138,11 +182,78 @@ impl v1::admin_server::Admin for AdminService {
                 delivered: entry.record.acked + in_flight,
                 acked: entry.record.acked,
                 oldest_message_age_ms: oldest_age_ms,
+                window_deliveries: scheduling.fairness.window_deliveries,
+                dwell_p50_ms: scheduling.fairness.dwell_p50_ms,
+                dwell_p99_ms: scheduling.fairness.dwell_p99_ms,
+                weight: scheduling.weight.max(1),
+                deficit: scheduling.deficit,
+                ready: scheduling.ready,
+                led,
             });
         }
-        Ok(Response::new(v1::QueueStatsResponse {
+        for stat in queues.values_mut() {
+            summarise(stat);
+        }
+        Ok(v1::QueueStatsResponse {
             queues: queues.into_values().collect(),
-        }))
+        })
+    }
+}
+
+/// Fills a queue's totals and Jain's index from its producers.
+fn summarise(stat: &mut v1::QueueStat) {
+    stat.backlog_messages = stat.producers.iter().map(|p| p.backlog_messages).sum();
+    stat.backlog_bytes = stat.producers.iter().map(|p| p.backlog_bytes).sum();
+    stat.acked = stat.producers.iter().map(|p| p.acked).sum();
+    stat.oldest_message_age_ms = stat
+        .producers
+        .iter()
+        .map(|p| p.oldest_message_age_ms)
+        .max()
+        .unwrap_or(0);
+    let shares: Vec<f64> = stat
+        .producers
+        .iter()
+        .filter(|p| p.window_deliveries > 0 && p.ready > 0)
+        .map(|p| p.window_deliveries as f64 / f64::from(p.weight.max(1)))
+        .collect();
+    stat.jain_index = jain_index(&shares).unwrap_or(0.0);
+    stat.fairness_window_seconds = WINDOW_SECONDS;
+}
+
+/// Every node's own figures merged: a producer's from the node leading its
+/// shard (else the replica that applied the most acks), delivery counters
+/// summed over the nodes' dispatchers.
+fn merge_queue_stats(answers: Vec<v1::QueueStatsResponse>) -> v1::QueueStatsResponse {
+    let mut queues: BTreeMap<String, v1::QueueStat> = BTreeMap::new();
+    let mut producers: BTreeMap<(String, String), v1::ProducerStat> = BTreeMap::new();
+    for answer in answers {
+        for stat in answer.queues {
+            let merged = queues.entry(stat.queue.clone()).or_default();
+            merged.queue = stat.queue.clone();
+            merged.in_flight += stat.in_flight;
+            merged.delivered += stat.delivered;
+            merged.redelivered += stat.redelivered;
+            merged.consumers += stat.consumers;
+            for producer in stat.producers {
+                let key = (stat.queue.clone(), producer.producer_id.clone());
+                let better = producers
+                    .get(&key)
+                    .is_none_or(|known| (producer.led, producer.acked) > (known.led, known.acked));
+                if better {
+                    producers.insert(key, producer);
+                }
+            }
+        }
+    }
+    for ((queue, _), producer) in producers {
+        queues.entry(queue).or_default().producers.push(producer);
+    }
+    for stat in queues.values_mut() {
+        summarise(stat);
+    }
+    v1::QueueStatsResponse {
+        queues: queues.into_values().collect(),
     }
 }
 

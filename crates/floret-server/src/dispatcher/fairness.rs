@@ -1,0 +1,149 @@
+//! What the dispatcher remembers to report how fair it has been, per queue:
+//! deliveries per producer over the last [`WINDOW_SECONDS`] seconds (in
+//! one-second buckets) and each producer's recent dwell times (commit to
+//! first delivery).
+//!
+//! Jain's index is taken over producers that are still backlogged and were
+//! delivered in the window, each counted as deliveries divided by weight:
+//! 1.0 when every such producer got its weighted share.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - "Backlogged" is judged when the figures are read, not through the
+//!   whole window: a producer that emptied half-way counts if it refilled.
+//! - Dwell percentiles come from each producer's last [`DWELL_SAMPLES`]
+//!   first deliveries.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+/// Length of the delivery window.
+pub const WINDOW_SECONDS: u64 = 10;
+/// Dwell samples kept per producer.
+pub const DWELL_SAMPLES: usize = 256;
+
+/// Deliveries per producer in one second.
+struct Bucket<K> {
+    second: u64,
+    deliveries: HashMap<K, u64>,
+}
+
+/// One queue's recent deliveries and dwell times, per producer `K`.
+pub struct FairnessWindow<K> {
+    buckets: VecDeque<Bucket<K>>,
+    dwell_ms: HashMap<K, VecDeque<u64>>,
+}
+
+impl<K> Default for FairnessWindow<K> {
+    fn default() -> Self {
+        Self {
+            buckets: VecDeque::new(),
+            dwell_ms: HashMap::new(),
+        }
+    }
+}
+
+/// A producer's recent figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProducerFairness {
+    /// Deliveries in the window.
+    pub window_deliveries: u64,
+    /// Median commit-to-first-delivery time, ms.
+    pub dwell_p50_ms: u64,
+    /// 99th percentile of it, ms.
+    pub dwell_p99_ms: u64,
+}
+
+impl<K: Hash + Eq + Clone> FairnessWindow<K> {
+    /// Records a delivery at `now_second` (Unix seconds); `dwell_ms` for a first delivery.
+    pub fn delivered(&mut self, producer: &K, now_second: u64, dwell_ms: Option<u64>) {
+        if self.buckets.back().is_none_or(|b| b.second != now_second) {
+            self.buckets.push_back(Bucket {
+                second: now_second,
+                deliveries: HashMap::new(),
+            });
+        }
+        let bucket = self.buckets.back_mut().expect("pushed above");
+        *bucket.deliveries.entry(producer.clone()).or_insert(0) += 1;
+        self.expire(now_second);
+        if let Some(dwell) = dwell_ms {
+            let samples = self.dwell_ms.entry(producer.clone()).or_default();
+            if samples.len() == DWELL_SAMPLES {
+                samples.pop_front();
+            }
+            samples.push_back(dwell);
+        }
+    }
+
+    fn expire(&mut self, now_second: u64) {
+        while self
+            .buckets
+            .front()
+            .is_some_and(|b| b.second + WINDOW_SECONDS <= now_second)
+        {
+            self.buckets.pop_front();
+        }
+    }
+
+    /// Per producer figures for the window ending at `now_second`; producers
+    /// without deliveries in it are forgotten.
+    pub fn figures(&mut self, now_second: u64) -> HashMap<K, ProducerFairness> {
+        self.expire(now_second);
+        let mut figures: HashMap<K, ProducerFairness> = HashMap::new();
+        for bucket in &self.buckets {
+            for (producer, count) in &bucket.deliveries {
+                figures
+                    .entry(producer.clone())
+                    .or_default()
+                    .window_deliveries += count;
+            }
+        }
+        self.dwell_ms
+            .retain(|producer, _| figures.contains_key(producer));
+        for (producer, samples) in &self.dwell_ms {
+            let mut sorted: Vec<u64> = samples.iter().copied().collect();
+            sorted.sort_unstable();
+            let at = |fraction: f64| {
+                let index = ((sorted.len() as f64 * fraction).ceil() as usize).max(1) - 1;
+                sorted[index.min(sorted.len() - 1)]
+            };
+            if let Some(figure) = figures.get_mut(producer) {
+                figure.dwell_p50_ms = at(0.50);
+                figure.dwell_p99_ms = at(0.99);
+            }
+        }
+        figures
+    }
+}
+
+/// Jain's fairness index of `values`: 1 when all are equal, 1/n when one
+/// has everything; None for no values.
+pub fn jain_index(values: &[f64]) -> Option<f64> {
+    let sum: f64 = values.iter().sum();
+    let squares: f64 = values.iter().map(|v| v * v).sum();
+    (!values.is_empty() && squares > 0.0).then(|| sum * sum / (values.len() as f64 * squares))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_deliveries_leave_the_window() {
+        let mut window = FairnessWindow::default();
+        let (a, b) = ("a", "b");
+        window.delivered(&a, 100, Some(5));
+        window.delivered(&b, 105, Some(7));
+        window.delivered(&b, 109, None);
+        let figures = window.figures(112);
+        assert!(!figures.contains_key(&a));
+        assert_eq!(figures[&b].window_deliveries, 2);
+        assert_eq!((figures[&b].dwell_p50_ms, figures[&b].dwell_p99_ms), (7, 7));
+    }
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_one_over_n_for_a_monopoly() {
+        assert_eq!(jain_index(&[3.0, 3.0, 3.0]), Some(1.0));
+        assert_eq!(jain_index(&[9.0, 0.0, 0.0]), Some(1.0 / 3.0));
+        assert_eq!(jain_index(&[]), None);
+    }
+}
