@@ -13,7 +13,7 @@
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Leadership rebalancing is driven by each preferred replica asking for
-//!   its shards back; it does not consult the view yet.
+//!   its shards back (the view only vetoes dead or suspected nodes).
 
 mod gossip;
 mod network;

@@ -364,6 +364,12 @@ impl Shards {
         let _already_attached = self.view.set(view);
     }
 
+    /// The gossip view's verdict on `node`, if there is a view that knows it.
+    pub fn liveness(&self, node: NodeId) -> Option<Liveness> {
+        let view = self.view.get()?.borrow().clone();
+        view.get(&node).map(|seen| seen.liveness)
+    }
+
     /// Where a request for `shard` should go: its leader as this node's own
     /// replica knows it; else the live node that gossips leading it; else
     /// its preferred replica.

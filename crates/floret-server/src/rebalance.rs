@@ -7,6 +7,8 @@
 //! asks that leader to step aside (`Peer.HandBack`, which the leader grants
 //! only when this replica is caught up), waits out the followers' leader
 //! lease, and calls an election, which it wins with its complete log.
+//! Leaders the gossip view declares dead are not asked; a leader refuses a
+//! requester the view does not see alive.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - While a shard is handed over (about one leader lease) its produces get
@@ -15,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::Shards;
+use floret_cluster::{Liveness, Shards};
 use floret_proto::peer::v1::HandBackRequest;
 use floret_store::{NodeId, ShardId};
 use tokio::task::JoinHandle;
@@ -43,7 +45,10 @@ pub fn spawn(shards: Arc<Shards>) -> JoinHandle<()> {
                 .filter(|group| shards.replicas().preferred_leader(group.id) == node_id)
                 .filter_map(|group| {
                     let leader = group.raft.metrics().borrow().current_leader?;
-                    (leader != node_id).then_some((group.id, leader))
+                    let leader_alive = shards
+                        .liveness(leader)
+                        .is_none_or(|liveness| liveness != Liveness::Dead);
+                    (leader != node_id && leader_alive).then_some((group.id, leader))
                 })
                 .collect();
             futures::future::join_all(

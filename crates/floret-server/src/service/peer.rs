@@ -4,7 +4,9 @@
 //! and the hand-back of a shard's leadership to its preferred replica.
 //!
 //! Hand-back (openraft 0.9 has no leadership transfer): the leader checks
-//! that the preferred replica is a voter and caught up, then pauses the
+//! that the preferred replica is alive in the gossip view (not suspected:
+//! a flapping node would take the leadership and lose it again), a voter
+//! and caught up, then pauses the
 //! shard's proposer, stops dispatching the shard (acks could not commit
 //! while paused, so its deliveries would only come back as duplicates) and
 //! turns its heartbeats off for a while; once the
@@ -178,6 +180,14 @@ impl Peer for PeerService {
         if self.shards.replicas().preferred_leader(shard_id) != node_id {
             return Ok(Self::refuse(format!(
                 "node {node_id} is not the preferred replica of shard {shard_id}"
+            )));
+        }
+        if let Some(liveness) = self.shards.liveness(node_id)
+            && liveness != floret_cluster::Liveness::Alive
+        {
+            return Ok(Self::refuse(format!(
+                "node {node_id} is {} in the gossip view",
+                liveness.as_str()
             )));
         }
         let metrics = raft.metrics().borrow().clone();
