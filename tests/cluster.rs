@@ -152,6 +152,19 @@ async fn produce_into(
     Ok(())
 }
 
+/// Waits (30 s at most) until `at_least` produces were acknowledged.
+async fn wait_for_acknowledged(
+    acknowledged: &Arc<Mutex<Vec<(String, u64)>>>,
+    at_least: usize,
+    what: &str,
+) {
+    eventually(Duration::from_secs(30), what, || {
+        let count = acknowledged.lock().unwrap().len();
+        async move { count >= at_least }
+    })
+    .await;
+}
+
 /// Per producer, whether first deliveries came in counter order.
 fn order_violations(deliveries: &[Delivery]) -> Vec<String> {
     let mut seen: HashSet<(String, u64)> = HashSet::new();
@@ -289,19 +302,7 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
             ))
         })
         .collect();
-    let acked_count = || {
-        let acknowledged = acknowledged.clone();
-        move || {
-            let count = acknowledged.lock().unwrap().len();
-            async move { count }
-        }
-    };
-    let count_now = acked_count();
-    eventually(Duration::from_secs(30), "500 acknowledged produces", || {
-        let count = count_now();
-        async move { count.await >= 500 }
-    })
-    .await;
+    wait_for_acknowledged(&acknowledged, 500, "500 acknowledged produces").await;
 
     let before_kill = acknowledged.lock().unwrap().len();
     cluster.kill(victim);
@@ -322,26 +323,18 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     let recovered_after = killed_at.elapsed();
     let new_leader = cluster.leader_of(0, survivor).await;
     assert_ne!(new_leader, victim, "shard 0 still led by the killed node");
-    let count_now = acked_count();
-    eventually(
-        Duration::from_secs(30),
+    wait_for_acknowledged(
+        &acknowledged,
+        before_kill + 300,
         "300 more acknowledged produces after the failover",
-        || {
-            let count = count_now();
-            async move { count.await >= before_kill + 300 }
-        },
     )
     .await;
     tokio::task::block_in_place(|| cluster.restart(victim));
     let before_restart = acknowledged.lock().unwrap().len();
-    let count_now = acked_count();
-    eventually(
-        Duration::from_secs(30),
+    wait_for_acknowledged(
+        &acknowledged,
+        before_restart + 300,
         "300 more acknowledged produces after the restart",
-        || {
-            let count = count_now();
-            async move { count.await >= before_restart + 300 }
-        },
     )
     .await;
     stop_producing.store(true, Ordering::Relaxed);
