@@ -238,6 +238,26 @@ impl Cluster {
         self.nodes[id as usize - 1] = Some(node);
     }
 
+    /// Waits until every shard is led by its preferred replica, as node
+    /// `via` reports it (panics after [`START_DEADLINE`]).
+    pub async fn wait_for_preferred_leaders(&self, via: u64) {
+        let client = self.client(via);
+        let until = Instant::now() + START_DEADLINE;
+        while Instant::now() < until {
+            if let Ok(status) = client.cluster_status().await
+                && !status.shards.is_empty()
+                && status
+                    .shards
+                    .iter()
+                    .all(|s| s.leader_id != 0 && s.leader_id == s.preferred_leader_id)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("shards not led by their preferred replicas after {START_DEADLINE:?}");
+    }
+
     /// The leader of `shard` as node `via` reports it, once there is one
     /// (panics after [`START_DEADLINE`]).
     pub async fn leader_of(&self, shard: u32, via: u64) -> u64 {

@@ -164,7 +164,8 @@ pub struct NodeView {
     pub report: NodeReport,
 }
 
-/// Every node this one has heard of, by node id.
+/// Every node this one has heard of, by node id (of a restarted node's
+/// generations, an alive one, else the newest).
 pub type View = BTreeMap<NodeId, NodeView>;
 
 /// Bytes gossip sent and received since the node started.
@@ -339,9 +340,10 @@ impl Gossip {
                 age,
                 report,
             };
-            let replace = newest
-                .get(&node_id)
-                .is_none_or(|(known, _)| known.generation_id < chitchat_id.generation_id);
+            let replace = newest.get(&node_id).is_none_or(|(known, known_view)| {
+                (view.liveness == Liveness::Alive, chitchat_id.generation_id)
+                    > (known_view.liveness == Liveness::Alive, known.generation_id)
+            });
             if replace {
                 newest.insert(node_id, (chitchat_id, view));
             }

@@ -371,16 +371,17 @@ impl Shards {
     }
 
     /// Where a request for `shard` should go: its leader as this node's own
-    /// replica knows it; else the live node that gossips leading it; else
-    /// its preferred replica.
+    /// replica knows it; else the node that gossips leading it (alive before
+    /// suspected, the most recently heard first); else its preferred replica.
     pub fn route(&self, shard: ShardId) -> NodeId {
         self.leader_of(shard)
             .or_else(|| {
                 let view = self.view.get()?.borrow().clone();
                 view.iter()
-                    .find(|(_, node)| {
+                    .filter(|(_, node)| {
                         node.liveness != Liveness::Dead && node.report.shards_led.contains(&shard)
                     })
+                    .min_by_key(|(_, node)| (node.liveness != Liveness::Alive, node.age))
                     .map(|(&node, _)| node)
             })
             .unwrap_or_else(|| self.replicas.preferred_leader(shard))

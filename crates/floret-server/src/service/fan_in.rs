@@ -84,8 +84,9 @@ struct Merge {
     local_consumer: ConsumerId,
     /// Node of each source (this node first).
     nodes: Vec<NodeId>,
-    /// Credit senders of the peer streams, by source index - 1.
-    peer_credits: Vec<mpsc::UnboundedSender<CreditChange>>,
+    /// Credit senders of the peer streams, by source index - 1; each change
+    /// names the stream generation it is meant for.
+    peer_credits: Vec<mpsc::UnboundedSender<(u64, CreditChange)>>,
     /// Whether each source's stream is open (the local one always is).
     connected: Vec<bool>,
     /// Credits each source was given and has not used for a delivery yet.
@@ -274,6 +275,11 @@ impl Merge {
 
     fn on_request(&mut self, request: v1::ConsumeRequest, settler: &Settler) -> Result<(), Status> {
         match request.request {
+            Some(consume_request::Request::Credit(credit)) if credit.set => {
+                Err(Status::invalid_argument(
+                    "credit.set is for streams between nodes (local_only); consumers add credits",
+                ))
+            }
             Some(consume_request::Request::Credit(credit)) => {
                 let credits = request::credits(credit.credits)?;
                 self.on_credit(credits)
@@ -302,20 +308,22 @@ impl Merge {
         Ok(())
     }
 
-    /// Each source's weight for this queue: its backlogged weight in the
-    /// view (with the cross-node split off: 1 if it has any backlog, so
-    /// backlogged nodes share equally), or 1 without a view; 0 for a source
-    /// that is disconnected or dead. When no source has any, every live one
-    /// weighs 1.
-    fn weights(&self) -> Vec<u64> {
+    /// Whether each source is connected and not declared dead by the view,
+    /// and its weight for this queue: its backlogged weight in the view
+    /// (with the cross-node split off: 1 if it has any backlog, so
+    /// backlogged nodes share equally), or 1 without a view; 0 when not
+    /// live. When no live source has any, every live one weighs 1.
+    fn weights(&self) -> (Vec<bool>, Vec<u64>) {
         let view = self.view.as_ref().map(|view| view.borrow().clone());
-        let live = |source: usize| {
-            self.connected[source]
-                && view.as_ref().is_none_or(|view| {
-                    view.get(&self.nodes[source])
-                        .is_none_or(|node| node.liveness != Liveness::Dead)
-                })
-        };
+        let live: Vec<bool> = (0..self.nodes.len())
+            .map(|source| {
+                self.connected[source]
+                    && view.as_ref().is_none_or(|view| {
+                        view.get(&self.nodes[source])
+                            .is_none_or(|node| node.liveness != Liveness::Dead)
+                    })
+            })
+            .collect();
         let backlogged = |source: usize| {
             let Some(view) = &view else {
                 return 1;
@@ -331,39 +339,56 @@ impl Merge {
             }
         };
         let mut weights: Vec<u64> = (0..self.nodes.len())
-            .map(|source| if live(source) { backlogged(source) } else { 0 })
+            .map(|source| if live[source] { backlogged(source) } else { 0 })
             .collect();
         if weights.iter().all(|&w| w == 0) {
             for (source, weight) in weights.iter_mut().enumerate() {
-                *weight = u64::from(live(source));
+                *weight = u64::from(live[source]);
             }
         }
-        weights
+        (live, weights)
     }
 
-    /// Keeps exactly one credit at every connected source with nothing
-    /// backlogged (taking back the rest), so a message arriving there goes
-    /// out at once; and splits the consumer's unpromised credits between the
-    /// backlogged sources by weight.
+    /// Keeps exactly one credit at every live source with nothing
+    /// backlogged (taking back the rest) so a message arriving there goes out
+    /// at once, and none at dead ones; trims a backlogged source holding far
+    /// more than its weighted share (its report may be stale); and splits the
+    /// consumer's credits not promised to backlogged sources between them by
+    /// weight. The idle sources' single credits are an accepted overcommit:
+    /// they are not counted as promised, so a consumer with fewer credits
+    /// than nodes still gets the backlog.
     fn rebalance(&mut self) -> Result<(), Status> {
-        let weights = self.weights();
+        let (live, weights) = self.weights();
+        let total_weight: u64 = weights.iter().sum();
         let mut changes: Vec<Option<CreditChange>> = vec![None; self.nodes.len()];
         for source in 0..self.nodes.len() {
             if !self.connected[source] {
                 continue;
             }
-            if weights[source] > 0 {
-                continue;
-            }
-            if self.outstanding[source] > 1 {
-                self.outstanding[source] = 1;
-                changes[source] = Some(CreditChange::Set(1));
-            } else if self.outstanding[source] == 0 {
-                self.outstanding[source] = 1;
-                changes[source] = Some(CreditChange::Add(1));
+            let keep = if !live[source] {
+                0
+            } else if weights[source] == 0 {
+                1
+            } else {
+                let share = (self.consumer_credits * weights[source]).div_ceil(total_weight.max(1));
+                if self.outstanding[source] <= 2 * share + 1 {
+                    continue;
+                }
+                share
+            };
+            if self.outstanding[source] > keep {
+                self.outstanding[source] = keep;
+                changes[source] = Some(CreditChange::Set(keep as u32));
+            } else if self.outstanding[source] < keep {
+                self.outstanding[source] = keep;
+                changes[source] = Some(CreditChange::Add(keep as u32));
             }
         }
-        let promised = self.outstanding.iter().sum::<u64>() + self.waiting.len() as u64;
+        let promised = (0..self.nodes.len())
+            .filter(|&source| weights[source] > 0)
+            .map(|source| self.outstanding[source])
+            .sum::<u64>()
+            + self.waiting.len() as u64;
         let unpromised = self.consumer_credits.saturating_sub(promised);
         if unpromised > 0 {
             let grants = self.split.split(unpromised, &weights);
@@ -395,7 +420,8 @@ impl Merge {
                 }
                 .map_err(status::from_stopped)?;
             } else {
-                let _peer_stream_gone = self.peer_credits[source - 1].send(change);
+                let _peer_stream_gone =
+                    self.peer_credits[source - 1].send((self.generations[source], change));
             }
         }
         Ok(())
@@ -461,7 +487,7 @@ struct PeerSource {
 /// lives, passing its deliveries in and the merge's credits out.
 async fn follow_peer(
     source: PeerSource,
-    mut credits: mpsc::UnboundedReceiver<CreditChange>,
+    mut credits: mpsc::UnboundedReceiver<(u64, CreditChange)>,
     events: mpsc::UnboundedSender<PeerEvent>,
 ) {
     let Some(channel) = source.peers.channel(source.node) else {
@@ -496,9 +522,12 @@ async fn follow_peer(
                 loop {
                     tokio::select! {
                         change = credits.recv() => {
-                            let Some(change) = change else {
+                            let Some((meant_for, change)) = change else {
                                 return;
                             };
+                            if meant_for != generation {
+                                continue;
+                            }
                             let (credits, set) = match change {
                                 CreditChange::Add(credits) => (credits, false),
                                 CreditChange::Set(credits) => (credits, true),
