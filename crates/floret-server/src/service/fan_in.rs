@@ -102,6 +102,8 @@ struct Merge {
     consumer_credits: u64,
     /// Most credits a consumer may hold.
     max_credits: u64,
+    /// The consumer's first credits: its window, as far as this node knows.
+    initial_credits: u64,
     /// Deliveries that arrived while the consumer had no credit.
     waiting: VecDeque<(SourceIndex, v1::Delivery)>,
     outbound: Outbound,
@@ -183,6 +185,7 @@ pub async fn serve(
         cross_node_split,
         consumer_credits: u64::from(credits.min(max_credits)),
         max_credits: u64::from(max_credits),
+        initial_credits: u64::from(credits.min(max_credits)),
         waiting: VecDeque::new(),
         outbound,
     };
@@ -349,10 +352,13 @@ impl Merge {
         (live, weights)
     }
 
-    /// Keeps exactly one credit at every live source with nothing
-    /// backlogged (taking back the rest) so a message arriving there goes out
-    /// at once, and none at dead ones; trims a backlogged source holding far
-    /// more than its weighted share (its report may be stale); and splits the
+    /// Keeps one credit at every live source with nothing backlogged (taking
+    /// back the rest) so a message arriving there goes out at once, refilled
+    /// only while the consumer has credit to spare (a source the view still
+    /// calls idle while it delivers would otherwise be refilled without
+    /// end), and none at dead ones; trims a backlogged source holding more
+    /// than twice its weighted share of the consumer's window (its report may
+    /// be stale); and splits the
     /// consumer's credits not promised to backlogged sources between them by
     /// weight. The idle sources' single credits are an accepted overcommit:
     /// they are not counted as promised, so a consumer with fewer credits
@@ -360,6 +366,7 @@ impl Merge {
     fn rebalance(&mut self) -> Result<(), Status> {
         let (live, weights) = self.weights();
         let total_weight: u64 = weights.iter().sum();
+        let consumer_has_room = self.consumer_credits > self.waiting.len() as u64;
         let mut changes: Vec<Option<CreditChange>> = vec![None; self.nodes.len()];
         for source in 0..self.nodes.len() {
             if !self.connected[source] {
@@ -368,9 +375,13 @@ impl Merge {
             let keep = if !live[source] {
                 0
             } else if weights[source] == 0 {
+                if self.outstanding[source] == 0 && !consumer_has_room {
+                    continue;
+                }
                 1
             } else {
-                let share = (self.consumer_credits * weights[source]).div_ceil(total_weight.max(1));
+                let window = self.consumer_credits.max(self.initial_credits);
+                let share = (window * weights[source]).div_ceil(total_weight.max(1));
                 if self.outstanding[source] <= 2 * share + 1 {
                     continue;
                 }
