@@ -270,6 +270,21 @@ async fn consumer_with_one_credit_stalls_when_the_backlog_sits_on_one_node() {
         .consume("default", 1)
         .await
         .expect("subscribe");
+    let status_client = cluster.client(1);
+    eventually(
+        Duration::from_secs(10),
+        "the merged consumer counted once, not once per node",
+        || {
+            let status_client = status_client.clone();
+            async move {
+                status_client
+                    .queue_stats("default")
+                    .await
+                    .is_ok_and(|stats| stats.queues.first().is_some_and(|q| q.consumers == 1))
+            }
+        },
+    )
+    .await;
     let mut delivered = 0;
     while delivered < BACKLOG {
         let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())

@@ -28,6 +28,8 @@ struct Consumer {
     credits: u64,
     events: mpsc::UnboundedSender<ConsumerEvent>,
     held: HashSet<LeaseKey>,
+    /// A peer's stream feeding a consumer it merges (not counted as a consumer).
+    for_peer: bool,
 }
 
 struct Dispatcher {
@@ -133,6 +135,7 @@ impl Dispatcher {
                 queue,
                 credits,
                 events,
+                for_peer,
                 reply,
             } => {
                 let id = self.next_consumer;
@@ -145,6 +148,7 @@ impl Dispatcher {
                         credits: u64::from(credits).min(self.max_credits),
                         events,
                         held: HashSet::new(),
+                        for_peer,
                     },
                 );
                 self.queue(&queue).consumers.push_back(id);
@@ -356,7 +360,11 @@ impl Dispatcher {
                     acked: queue.acked,
                     redelivered: queue.redelivered,
                     in_flight_by_producer,
-                    consumers: queue.consumers.len() as u64,
+                    consumers: queue
+                        .consumers
+                        .iter()
+                        .filter(|id| self.consumers.get(id).is_some_and(|c| !c.for_peer))
+                        .count() as u64,
                     producers,
                 };
                 (name.to_string(), activity)

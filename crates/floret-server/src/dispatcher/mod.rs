@@ -125,6 +125,7 @@ pub(crate) enum DispatcherCommand {
         queue: String,
         credits: u32,
         events: mpsc::UnboundedSender<ConsumerEvent>,
+        for_peer: bool,
         reply: oneshot::Sender<ConsumerId>,
     },
     Credit {
@@ -175,18 +176,22 @@ impl DispatcherHandle {
         let _stopping = self.send(DispatcherCommand::Leadership { shard, leader });
     }
 
-    /// Registers a consumer stream on `queue` with its first credits.
+    /// Registers a consumer stream on `queue` with its first credits;
+    /// `for_peer` when it feeds another node's merged consumer (such streams
+    /// are not counted as consumers, the merged one is, where it connected).
     pub async fn subscribe(
         &self,
         queue: String,
         credits: u32,
         events: mpsc::UnboundedSender<ConsumerEvent>,
+        for_peer: bool,
     ) -> Result<ConsumerId, DispatcherStopped> {
         let (reply, id) = oneshot::channel();
         self.send(DispatcherCommand::Subscribe {
             queue,
             credits,
             events,
+            for_peer,
             reply,
         })?;
         id.await.map_err(|_| DispatcherStopped)

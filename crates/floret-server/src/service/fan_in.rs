@@ -148,7 +148,7 @@ pub async fn serve(
     let source_count = 1 + others.len();
     let (local_events, local_deliveries) = mpsc::unbounded_channel();
     let local_consumer = dispatcher
-        .subscribe(queue.clone(), 1, local_events)
+        .subscribe(queue.clone(), 1, local_events, false)
         .await
         .map_err(status::from_stopped)?;
     let (peer_events, peer_deliveries) = mpsc::unbounded_channel();

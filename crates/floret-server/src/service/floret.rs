@@ -174,7 +174,7 @@ impl v1::floret_server::Floret for FloretService {
         let consumer = self
             .sources
             .dispatcher
-            .subscribe(queue, credits, events.clone())
+            .subscribe(queue, credits, events.clone(), true)
             .await
             .map_err(status::from_stopped)?;
         tokio::spawn(read_consumer_requests(
