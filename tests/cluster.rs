@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 use floret_client::{Client, ConsumerEvent, Delivery, Message};
 use floret_cluster::ShardPlacement;
 use harness::{Cluster, eventually, one_cluster_at_a_time};
+use tokio::sync::watch;
 use tonic::Code;
 
 /// Shards of the test clusters: several per node, few enough for two cores.
 const SHARDS: &str = "8";
 /// Upper bound for draining a test's messages.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(90);
+/// Longest wait before a consumer tries to reopen a stream that failed to open.
+const RECONNECT_WAIT: Duration = Duration::from_millis(100);
 /// Credits of the test consumers: the in-flight window.
 const CREDITS: u32 = 32;
 
@@ -51,23 +54,25 @@ impl Consumed {
     }
 }
 
-/// Consumes through `address` until `stop` is set, acking every delivery
-/// on the stream and reopening the stream if it breaks.
-async fn consume_into(address: String, consumed: Arc<Mutex<Consumed>>, stop: Arc<AtomicBool>) {
+/// Consumes through `address` until `stop` turns true, acking every
+/// delivery on the stream and reopening the stream if it breaks.
+async fn consume_into(
+    address: String,
+    consumed: Arc<Mutex<Consumed>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let client = Client::connect_lazy(&address).expect("valid address");
     let mut pending_acks: HashMap<String, (String, u64)> = HashMap::new();
-    while !stop.load(Ordering::Relaxed) {
+    while !*stop.borrow() {
         let Ok(mut consumer) = client.consume("default", CREDITS).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _stopped_or_retry =
+                tokio::time::timeout(RECONNECT_WAIT, stop.wait_for(|stop| *stop)).await;
             continue;
         };
         loop {
             let event = tokio::select! {
                 event = consumer.next() => event,
-                () = tokio::time::sleep(Duration::from_millis(200)) => {
-                    if stop.load(Ordering::Relaxed) { return; }
-                    continue;
-                }
+                _ = stop.wait_for(|stop| *stop) => return,
             };
             match event {
                 Ok(Some(ConsumerEvent::Delivery(delivery))) => {
@@ -106,14 +111,14 @@ async fn consume_into(address: String, consumed: Arc<Mutex<Consumed>>, stop: Arc
 /// delivered at least once (panics after [`DRAIN_DEADLINE`]).
 async fn drain_through(address: String, expected: &HashSet<(String, u64)>) -> Consumed {
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = tokio::spawn(consume_into(address, consumed.clone(), stop.clone()));
+    let (stop, stopped) = watch::channel(false);
+    let consumer = tokio::spawn(consume_into(address, consumed.clone(), stopped));
     eventually(DRAIN_DEADLINE, "every expected message delivered", || {
         let consumed = consumed.clone();
         async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
     })
     .await;
-    stop.store(true, Ordering::Relaxed);
+    stop.send_replace(true);
     consumer.await.unwrap();
     Arc::try_unwrap(consumed)
         .map(|m| m.into_inner().unwrap())
@@ -150,6 +155,36 @@ async fn produce_into(
         tokio::time::sleep(pace).await;
     }
     Ok(())
+}
+
+/// Sends `batches` batches of `per_batch` messages for each of `count`
+/// producers `tenant-<i>` at once, producer i through `client_of(i)`;
+/// returns what was acknowledged (all of it, or the test fails).
+async fn produce_all(
+    count: u64,
+    client_of: impl Fn(u64) -> Client,
+    batches: u64,
+    per_batch: u64,
+) -> Arc<Mutex<Vec<(String, u64)>>> {
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..count)
+        .map(|i| {
+            tokio::spawn(produce_into(
+                client_of(i),
+                format!("tenant-{i}"),
+                batches,
+                per_batch,
+                Duration::ZERO,
+                acknowledged.clone(),
+                never.clone(),
+            ))
+        })
+        .collect();
+    for producer in producers {
+        producer.await.unwrap().expect("produce");
+    }
+    acknowledged
 }
 
 /// Waits (30 s at most) until `at_least` produces were acknowledged.
@@ -190,31 +225,10 @@ async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
-    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let never = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..9u64)
-        .map(|i| {
-            tokio::spawn(produce_into(
-                cluster.client(i % 3 + 1),
-                format!("tenant-{i}"),
-                20,
-                10,
-                Duration::ZERO,
-                acknowledged.clone(),
-                never.clone(),
-            ))
-        })
-        .collect();
-    for producer in producers {
-        producer.await.unwrap().expect("produce");
-    }
+    let acknowledged = produce_all(9, |i| cluster.client(i % 3 + 1), 20, 10).await;
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let consumer = tokio::spawn(consume_into(
-        cluster.address(2),
-        consumed.clone(),
-        stop.clone(),
-    ));
+    let (stop, stopped) = watch::channel(false);
+    let consumer = tokio::spawn(consume_into(cluster.address(2), consumed.clone(), stopped));
     eventually(
         DRAIN_DEADLINE,
         "draining 1,800 messages through node 2",
@@ -227,7 +241,7 @@ async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
         },
     )
     .await;
-    stop.store(true, Ordering::Relaxed);
+    stop.send_replace(true);
     consumer.await.unwrap();
 
     {
@@ -267,11 +281,11 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     let survivor = victim % 3 + 1;
 
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
-    let stop_consuming = Arc::new(AtomicBool::new(false));
+    let (stop_consuming, consuming_stopped) = watch::channel(false);
     let consumer = tokio::spawn(consume_into(
         cluster.address(survivor),
         consumed.clone(),
-        stop_consuming.clone(),
+        consuming_stopped,
     ));
     let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let stop_producing = Arc::new(AtomicBool::new(false));
@@ -358,7 +372,7 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
         },
     )
     .await;
-    stop_consuming.store(true, Ordering::Relaxed);
+    stop_consuming.send_replace(true);
     consumer.await.unwrap();
 
     let consumed = consumed.lock().unwrap();
@@ -460,24 +474,7 @@ async fn node_with_wiped_data_dir_stays_behind() {
     .unwrap();
     let config = config.to_str().unwrap().to_owned();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS, "--config", &config]);
-    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let never = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..10u64)
-        .map(|i| {
-            tokio::spawn(produce_into(
-                cluster.client(i % 2 + 1),
-                format!("tenant-{i}"),
-                100,
-                1,
-                Duration::ZERO,
-                acknowledged.clone(),
-                never.clone(),
-            ))
-        })
-        .collect();
-    for producer in producers {
-        producer.await.unwrap().expect("produce");
-    }
+    let acknowledged = produce_all(10, |i| cluster.client(i % 2 + 1), 100, 1).await;
 
     let node_3_log = cluster.data_dir(3).with_extension("log");
     let foundings = || {

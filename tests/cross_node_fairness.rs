@@ -71,9 +71,9 @@ async fn backlog(client: &Client, producers: &[String]) {
     }
 }
 
-/// Consumes through `client` at the sink's pace; returns per-producer
-/// deliveries in the window after the warm-up.
-async fn measure_shares(client: &Client) -> BTreeMap<String, u64> {
+/// Consumes through `client` at the sink's pace; returns each of
+/// `producers`' share of the deliveries in the window after the warm-up.
+async fn measure_shares(client: &Client, producers: &[String]) -> Vec<f64> {
     let mut consumer = client.consume("default", 8).await.expect("subscribe");
     let mut delivered = 0usize;
     let mut counts: BTreeMap<String, u64> = BTreeMap::new();
@@ -99,7 +99,11 @@ async fn measure_shares(client: &Client) -> BTreeMap<String, u64> {
         consumer.ack(vec![delivery.delivery_id]).await.expect("ack");
         consumer.credit(1).await.expect("credit");
     }
-    counts
+    let total: u64 = counts.values().sum();
+    producers
+        .iter()
+        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
+        .collect()
 }
 
 /// Starts three nodes, backlogs one producer on one node's shards and nine
@@ -118,19 +122,14 @@ async fn uneven_placement_shares(
     let crowd = producers_led_by(&leaders, 2, 9, "crowd");
     backlog(&cluster.client(1), &lone).await;
     backlog(&cluster.client(2), &crowd).await;
-    let counts = measure_shares(&cluster.client(3)).await;
+    let producers: Vec<String> = lone.iter().chain(&crowd).cloned().collect();
+    let shares = measure_shares(&cluster.client(3), &producers).await;
     assert_eq!(
         self::leaders(&cluster, 1).await,
         leaders,
         "leadership moved during the measurement: the placement was not the one tested"
     );
     let stats = cluster.client(1).queue_stats("default").await.unwrap();
-    let total: u64 = counts.values().sum();
-    let producers: Vec<String> = lone.iter().chain(&crowd).cloned().collect();
-    let shares = producers
-        .iter()
-        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
-        .collect();
     (shares, producers, stats)
 }
 
@@ -230,13 +229,8 @@ async fn killed_node_stays_in_the_split() {
         killed_at.elapsed()
     );
 
-    let counts = measure_shares(&survivor).await;
-    let total: u64 = counts.values().sum();
-    let shares: Vec<f64> = on_1
-        .iter()
-        .chain(&on_2)
-        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
-        .collect();
+    let survivors: Vec<String> = on_1.iter().chain(&on_2).cloned().collect();
+    let shares = measure_shares(&survivor, &survivors).await;
     let index = jain(&shares);
     let placement = ShardPlacement::new(SHARDS);
     let placed: Vec<(String, u32, u64)> = on_1
@@ -311,13 +305,8 @@ async fn consumer_node_over_serves_its_own_producers() {
     let local = producers_led_by(&leaders, 3, 2, "local");
     backlog(&cluster.client(1), &remote).await;
     backlog(&cluster.client(3), &local).await;
-    let counts = measure_shares(&cluster.client(3)).await;
-    let total: u64 = counts.values().sum();
-    let shares: Vec<f64> = remote
-        .iter()
-        .chain(&local)
-        .map(|p| counts.get(p).copied().unwrap_or(0) as f64 / total as f64)
-        .collect();
+    let producers: Vec<String> = remote.iter().chain(&local).cloned().collect();
+    let shares = measure_shares(&cluster.client(3), &producers).await;
     let index = jain(&shares);
     eprintln!("consumer on the node of 2 of 6 producers: Jain {index:.3}, shares {shares:.3?}");
     assert!(index >= 0.98, "Jain {index:.3}, shares {shares:.3?}");
