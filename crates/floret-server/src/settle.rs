@@ -63,8 +63,8 @@ impl Settler {
         let node_id = self.shards.node_id();
         let mut by_node: BTreeMap<NodeId, (Vec<String>, Vec<usize>)> = BTreeMap::new();
         let total = ids.len();
+        let shard_count = self.shards.placement().shard_count();
         for (index, text) in ids.into_iter().enumerate() {
-            let shard_count = self.shards.placement().shard_count();
             let node = match text.parse::<DeliveryId>() {
                 Ok(id) if id.shard < shard_count && !self.shards.leads(id.shard) => {
                     self.shards.route(id.shard)

@@ -84,11 +84,29 @@ fn undecodable(error: postcard::Error) -> Status {
     Status::invalid_argument(format!("undecodable raft message: {error}"))
 }
 
-fn answer(shard: ShardId, payload: Vec<u8>) -> Response<v1::RaftMessage> {
-    Response::new(v1::RaftMessage {
-        shard_id: shard,
-        payload,
-    })
+impl PeerService {
+    /// Decodes an openraft request for the message's shard, hands it to that
+    /// shard's group with `call`, and encodes openraft's result.
+    async fn relay<Req, Res, F, Fut>(
+        &self,
+        request: Request<v1::RaftMessage>,
+        call: F,
+    ) -> Result<Response<v1::RaftMessage>, Status>
+    where
+        Req: serde::de::DeserializeOwned,
+        Res: serde::Serialize,
+        F: FnOnce(floret_store::Raft, Req) -> Fut,
+        Fut: std::future::Future<Output = Res>,
+    {
+        let message = request.into_inner();
+        let raft = self.raft(message.shard_id)?.clone();
+        let decoded: Req = decode(&message.payload).map_err(undecodable)?;
+        let result = call(raft, decoded).await;
+        Ok(Response::new(v1::RaftMessage {
+            shard_id: message.shard_id,
+            payload: encode(&result),
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -97,36 +115,40 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
-        let message = request.into_inner();
-        let raft = self.raft(message.shard_id)?;
-        let vote: VoteRequest<NodeId> = decode(&message.payload).map_err(undecodable)?;
-        let result: Result<_, RaftError<NodeId>> = raft.vote(vote).await;
-        Ok(answer(message.shard_id, encode(&result)))
+        self.relay(request, |raft, vote: VoteRequest<NodeId>| async move {
+            let result: Result<_, RaftError<NodeId>> = raft.vote(vote).await;
+            result
+        })
+        .await
     }
 
     async fn append_entries(
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
-        let message = request.into_inner();
-        let raft = self.raft(message.shard_id)?;
-        let append: AppendEntriesRequest<TypeConfig> =
-            decode(&message.payload).map_err(undecodable)?;
-        let result: Result<_, RaftError<NodeId>> = raft.append_entries(append).await;
-        Ok(answer(message.shard_id, encode(&result)))
+        self.relay(
+            request,
+            |raft, append: AppendEntriesRequest<TypeConfig>| async move {
+                let result: Result<_, RaftError<NodeId>> = raft.append_entries(append).await;
+                result
+            },
+        )
+        .await
     }
 
     async fn install_snapshot(
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
-        let message = request.into_inner();
-        let raft = self.raft(message.shard_id)?;
-        let chunk: InstallSnapshotRequest<TypeConfig> =
-            decode(&message.payload).map_err(undecodable)?;
-        let result: Result<_, RaftError<NodeId, InstallSnapshotError>> =
-            raft.install_snapshot(chunk).await;
-        Ok(answer(message.shard_id, encode(&result)))
+        self.relay(
+            request,
+            |raft, chunk: InstallSnapshotRequest<TypeConfig>| async move {
+                let result: Result<_, RaftError<NodeId, InstallSnapshotError>> =
+                    raft.install_snapshot(chunk).await;
+                result
+            },
+        )
+        .await
     }
 
     async fn shard_states(
