@@ -86,16 +86,16 @@ pub fn check_messages(messages: &[v1::Message], limits: &Limits) -> Result<(), S
     Ok(())
 }
 
-/// The messages of a produce request, within the node's limits.
-pub fn messages(messages: Vec<v1::Message>, limits: &Limits) -> Result<Vec<NewMessage>, Status> {
-    check_messages(&messages, limits)?;
-    Ok(messages
+/// The messages of a produce request as the store takes them; check them
+/// with [`check_messages`] first.
+pub fn new_messages(messages: Vec<v1::Message>) -> Vec<NewMessage> {
+    messages
         .into_iter()
         .map(|message| NewMessage {
             payload: message.payload,
             headers: message.headers.into_iter().collect::<BTreeMap<_, _>>(),
         })
-        .collect())
+        .collect()
 }
 
 /// Credits a consumer grants: at least one.
@@ -141,14 +141,14 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(
-            messages(vec![], &limits).unwrap_err().code(),
+            check_messages(&[], &limits).unwrap_err().code(),
             Code::InvalidArgument
         );
         let big = v1::Message {
             payload: vec![0; 5],
             headers: Default::default(),
         };
-        let status = messages(vec![big], &limits).unwrap_err();
+        let status = check_messages(&[big], &limits).unwrap_err();
         assert!(
             status.message().contains("payload too large: 5 bytes > 4"),
             "{}",

@@ -117,7 +117,7 @@ impl v1::floret_server::Floret for FloretService {
                 return self.forward_produce(node, shard, request).await;
             }
         };
-        let messages = request::messages(request.messages, &self.limits)?;
+        let messages = request::new_messages(request.messages);
         let count = messages.len();
         let op = Op::Enqueue(Enqueue {
             queue,
