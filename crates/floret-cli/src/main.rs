@@ -54,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    floret_server::failpoints::configure_from_env();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -196,6 +196,17 @@ impl Client {
         self.stats(queue, true).await
     }
 
+    /// The answering node's shard replicas: applied index and state digest of each.
+    pub async fn replica_digests(&self) -> Result<Vec<v1::ReplicaDigest>, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .replica_digests(v1::ReplicaDigestsRequest {})
+            .await?
+            .into_inner()
+            .replicas)
+    }
+
     async fn stats(
         &self,
         queue: &str,

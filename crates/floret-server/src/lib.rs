@@ -31,5 +31,6 @@ pub mod service;
 pub mod settle;
 
 pub use config::Config;
+pub use floret_store::failpoints;
 pub use node::{Node, NodeError};
 pub use proposer::ProposeError;

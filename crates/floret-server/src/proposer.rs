@@ -184,6 +184,7 @@ async fn run(
                     }
                 }
                 Ok(Ok(response)) => {
+                    floret_store::failpoints::crash_if_fires("proposer-before-reply");
                     for (reply, result) in replies.into_iter().zip(response.data.replies) {
                         let _caller_gone = reply.send(Ok(result));
                     }

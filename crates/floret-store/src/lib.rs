@@ -20,6 +20,7 @@
 
 mod database;
 mod durability;
+pub mod failpoints;
 mod flusher;
 pub mod keys;
 mod log_store;

@@ -122,4 +122,23 @@ impl ShardReader {
             })
         })
     }
+
+    /// A digest of the whole replica state (every key and value, in key
+    /// order) and the number of keys: replicas that applied the same entries
+    /// have the same digest. It reads the tree while applies may go on, so
+    /// compare replicas only once they report the same applied index.
+    pub fn digest(&self) -> Result<(u64, u64), StorageError> {
+        use std::hash::{DefaultHasher, Hasher};
+        let mut hasher = DefaultHasher::new();
+        let mut keys = 0;
+        for item in self.tree.iter() {
+            let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            hasher.write_usize(key.len());
+            hasher.write(&key);
+            hasher.write_usize(value.len());
+            hasher.write(&value);
+            keys += 1;
+        }
+        Ok((hasher.finish(), keys))
+    }
 }

@@ -156,6 +156,13 @@ impl<'a> PendingApply<'a> {
         }
         let first_sequence = record.tail;
         let count = enqueue.messages.len() as u64;
+        if crate::failpoints::fires("apply-drop-enqueue") {
+            return Ok(OpReply::Enqueued {
+                first_sequence,
+                count,
+                duplicate: false,
+            });
+        }
         let mut values = Vec::with_capacity(enqueue.messages.len());
         for message in &enqueue.messages {
             let value = encode(&StoredMessageRef {
@@ -255,7 +262,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut pending = PendingApply::new(self.reader.tree());
         let mut events = Vec::new();
         let mut replies = Vec::new();
-        for entry in entries {
+        for (position, entry) in entries.into_iter().enumerate() {
+            if position > 0 {
+                crate::failpoints::crash_if_fires("apply-mid-batch");
+            }
             applied.last_applied = Some(entry.log_id);
             let reply = match &entry.payload {
                 EntryPayload::Blank => CommandReply::default(),

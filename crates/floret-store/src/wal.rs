@@ -184,6 +184,8 @@ impl Wal {
             Some(active) => active,
             None => create_segment(dir, 1)?,
         };
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::record_synced(dir, active.id, active.len)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             segment_bytes,
@@ -224,6 +226,7 @@ impl Wal {
             buffer.extend_from_slice(&bytes);
         }
         state.write(&buffer)?;
+        crate::failpoints::crash_if_fires("wal-after-append");
         let log = state.shards.entry(shard).or_default();
         for location in locations {
             let _conflicting = log.entries.split_off(&location.log_id.index);
@@ -349,14 +352,25 @@ impl Wal {
 
     /// Makes everything appended so far durable.
     pub fn sync(&self) -> io::Result<()> {
-        let active = {
+        let (active, _segment, _len) = {
             let state = self.lock();
             state.check()?;
-            state.active.file.clone()
+            (state.active.file.clone(), state.active.id, state.active.len)
         };
+        if crate::failpoints::fires("wal-skip-sync") {
+            return Ok(());
+        }
         active.sync_data().inspect_err(|error| {
             self.lock().failed = Some(format!("fdatasync failed: {error}"));
-        })
+        })?;
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::record_synced(&self.dir, _segment, _len)?;
+        Ok(())
+    }
+
+    /// Whether any shard has purged entries from this log.
+    pub fn has_purged(&self) -> bool {
+        self.lock().shards.values().any(|log| log.last_purged.is_some())
     }
 
     /// Starts a new segment once the active one is full: the old one is

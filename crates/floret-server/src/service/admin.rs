@@ -1,4 +1,5 @@
-//! The `floret.v1.Admin` service: cluster status and queue statistics.
+//! The `floret.v1.Admin` service: cluster status, queue statistics and
+//! replica digests.
 //!
 //! Queue statistics combine the durable per-producer counters of every shard
 //! (read from the state machines, off the async runtime) with the
@@ -128,6 +129,36 @@ impl v1::admin_server::Admin for AdminService {
         answers.push(local);
         Ok(Response::new(merge_queue_stats(answers)))
     }
+
+    async fn replica_digests(
+        &self,
+        _request: Request<v1::ReplicaDigestsRequest>,
+    ) -> Result<Response<v1::ReplicaDigestsResponse>, Status> {
+        let shards = self.shards.clone();
+        let replicas = tokio::task::spawn_blocking(move || replica_digests(&shards))
+            .await
+            .map_err(|e| Status::internal(format!("digest task failed: {e}")))??;
+        Ok(Response::new(v1::ReplicaDigestsResponse { replicas }))
+    }
+}
+
+/// Applied index and state digest of every shard replica this node holds.
+fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
+    shards
+        .groups()
+        .map(|group| {
+            let read_error =
+                |e: floret_store::StorageError| Status::internal(format!("cannot read shard {}: {e}", group.id));
+            let applied = group.reader.applied_state().map_err(read_error)?;
+            let (digest, keys) = group.reader.digest().map_err(read_error)?;
+            Ok(v1::ReplicaDigest {
+                shard_id: group.id,
+                applied_index: applied.last_applied.map_or(0, |id| id.index),
+                digest,
+                keys,
+            })
+        })
+        .collect()
 }
 
 impl AdminService {

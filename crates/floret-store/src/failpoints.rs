@@ -1,0 +1,133 @@
+//! Named fault points for the chaos tests, switched on through the
+//! `FAILPOINTS` environment variable in the `fail` crate's syntax (for
+//! example `FAILPOINTS="wal-after-append=5%return"`).
+//!
+//! Without the `failpoints` feature every check here is a constant `false`
+//! and the emulation code is not compiled: release builds cannot be told to
+//! crash. The points:
+//!
+//! | name | effect when it fires |
+//! |---|---|
+//! | `wal-after-append` | the process aborts after a log append reached the file, before it is synced |
+//! | `apply-mid-batch` | the process aborts between two entries of one `apply` call |
+//! | `proposer-before-reply` | (in the server) the process aborts after a produce committed, before its reply |
+//! | `apply-drop-enqueue` | an applied enqueue stores nothing (the negative control: acknowledged, then lost) |
+//! | `wal-skip-sync` | the raft log's sync returns without syncing (acknowledges before the flush) |
+//! | `power-loss-on-open` | opening the data dir first throws away what the last run wrote and never synced |
+//!
+//! **Power-loss emulation.** SIGKILL keeps the page cache, so it cannot show
+//! a missing `fdatasync`. With the feature on, every completed sync of the
+//! raft log records how far it reached (`raft-log/synced-upto`, written but
+//! not synced: it survives a SIGKILL like the page cache does). When
+//! `power-loss-on-open` is on, opening the data dir cuts the log back to
+//! that point and deletes the sled state machines, which are never synced
+//! while the log holds everything they were built from. That is a crash
+//! state a power failure could leave; it is only sound while nothing was
+//! purged from the log, so it refuses a log with a purge.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - The emulation does not cover snapshots or purged logs (run it with
+//!   snapshots far apart).
+
+#[cfg(feature = "failpoints")]
+use std::path::Path;
+
+/// Reads `FAILPOINTS` from the environment; call once at process start.
+/// Does nothing without the `failpoints` feature.
+pub fn configure_from_env() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}
+
+/// Whether the fault point `name` fires now.
+#[inline]
+pub fn fires(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::eval(name, |_| ()).is_some()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// Aborts the process, as a crash would, when the fault point `name` fires.
+#[inline]
+pub fn crash_if_fires(name: &str) {
+    if fires(name) {
+        tracing::error!(failpoint = name, "crashing at a fault point");
+        std::process::abort();
+    }
+}
+
+/// Name of the file that records how far the last completed sync reached.
+#[cfg(feature = "failpoints")]
+const SYNCED_UPTO_FILE: &str = "synced-upto";
+
+/// Records that segment `segment` of the log in `dir` is durable up to `len` bytes.
+#[cfg(feature = "failpoints")]
+pub(crate) fn record_synced(dir: &Path, segment: u64, len: u64) -> std::io::Result<()> {
+    let mut bytes = segment.to_le_bytes().to_vec();
+    bytes.extend(len.to_le_bytes());
+    std::fs::write(dir.join(SYNCED_UPTO_FILE), bytes)
+}
+
+/// Emulates a power failure on the data dir `data_dir` (raft log in
+/// `log_dir`, sled in `sled_dir`) when `power-loss-on-open` fires: drops the
+/// log past the last completed sync and the unsynced state machines.
+/// Returns the bytes of log dropped.
+#[cfg(feature = "failpoints")]
+pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Result<u64> {
+    use std::io::{Error, ErrorKind};
+    if !fires("power-loss-on-open") {
+        return Ok(0);
+    }
+    let Ok(bytes) = std::fs::read(log_dir.join(SYNCED_UPTO_FILE)) else {
+        return Ok(0);
+    };
+    let field = |at: usize| -> std::io::Result<u64> {
+        let raw: [u8; 8] = bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::new(ErrorKind::InvalidData, "short synced-upto file"))?;
+        Ok(u64::from_le_bytes(raw))
+    };
+    let (synced_segment, synced_len) = (field(0)?, field(8)?);
+    let mut dropped = 0;
+    for entry in std::fs::read_dir(log_dir)? {
+        let path = entry?.path();
+        let Some(id) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("wal-")?.strip_suffix(".log")?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let len = std::fs::metadata(&path)?.len();
+        if id > synced_segment {
+            dropped += len;
+            std::fs::remove_file(&path)?;
+        } else if id == synced_segment && len > synced_len {
+            dropped += len - synced_len;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .set_len(synced_len)?;
+        }
+    }
+    if crate::wal::Wal::open(log_dir)?.has_purged() {
+        return Err(Error::other(
+            "power-loss emulation needs a log that was never purged (space snapshots further apart)",
+        ));
+    }
+    if sled_dir.exists() {
+        std::fs::remove_dir_all(sled_dir)?;
+    }
+    tracing::warn!(
+        dropped_log_bytes = dropped,
+        "emulated power loss: dropped the unsynced raft log and the state machines"
+    );
+    Ok(dropped)
+}
