@@ -1,0 +1,325 @@
+//! Checks a queue history after a full drain, the way Jepsen's total-queue
+//! checker does, plus the orders floret promises. Deterministic: the same
+//! history gives the same report.
+//!
+//! - **lost**: acknowledged, never delivered. A violation.
+//! - **unexpected**: delivered, never attempted (or refused for sure). A violation.
+//! - **corrupted**: a payload failing its checksum, or one sequence carrying
+//!   two different attempts. A violation.
+//! - **order**: among the acknowledged attempts of a producer, a later
+//!   attempt got a lower sequence; or one consume stream saw a producer's
+//!   first deliveries out of sequence order. A violation.
+//! - **duplicated**: deliveries beyond a message's first (allowed: delivery
+//!   is at least once), and of those, deliveries after a successful ack.
+//! - **recovered**: outcome unknown to the producer, delivered anyway (allowed).
+//!
+//! Fairness: Jain's index over each producer's first deliveries per
+//! one-second window, counting the producers that had acknowledged messages
+//! waiting at both ends of the window; reported as the median over windows
+//! with at least two such producers.
+//!
+//! Unavailability: for each fault marked as a leader loss, the longest any
+//! producer went without an acknowledgement across it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+
+use crate::history::{Event, MessageId, Outcome, Payload, Record};
+
+/// Window for the fairness figure.
+const FAIRNESS_WINDOW_US: u64 = 1_000_000;
+
+/// What the checker found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// Produce attempts.
+    pub attempted: u64,
+    /// Attempts acknowledged.
+    pub acknowledged: u64,
+    /// Attempts refused for sure.
+    pub failed: u64,
+    /// Attempts whose outcome the producer did not learn.
+    pub unknown: u64,
+    /// Distinct attempts delivered at least once.
+    pub delivered: u64,
+    /// Deliveries, redeliveries included.
+    pub deliveries: u64,
+    /// Acknowledged, never delivered.
+    pub lost: Vec<MessageId>,
+    /// Delivered but never attempted, or refused for sure.
+    pub unexpected: Vec<String>,
+    /// Damaged payloads and sequences carrying two attempts.
+    pub corrupted: Vec<String>,
+    /// Order violations.
+    pub order_violations: Vec<String>,
+    /// Deliveries beyond the first of each message.
+    pub duplicated: u64,
+    /// Of those, deliveries after the message was acked by a consumer.
+    pub delivered_after_ack: u64,
+    /// Unknown outcome, delivered.
+    pub recovered: u64,
+    /// Median Jain's index over the windows with at least two backlogged
+    /// producers, and how many windows that was.
+    pub fairness: Option<(f64, usize)>,
+    /// For each leader loss, the longest gap between two acknowledgements
+    /// of one producer that spans it, in milliseconds.
+    pub unavailability_ms: Vec<u64>,
+}
+
+impl Report {
+    /// Every violation, one line each (empty when the history is valid).
+    pub fn violations(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut list = |what: &str, items: Vec<String>| {
+            if !items.is_empty() {
+                let shown: Vec<&str> = items.iter().take(10).map(String::as_str).collect();
+                found.push(format!("{} {what}: {}", items.len(), shown.join(", ")));
+            }
+        };
+        list("lost", self.lost.iter().map(ToString::to_string).collect());
+        list("unexpected", self.unexpected.clone());
+        list("corrupted", self.corrupted.clone());
+        list("order violations", self.order_violations.clone());
+        found
+    }
+
+    /// True when nothing was lost, unexpected, corrupted or out of order.
+    pub fn is_valid(&self) -> bool {
+        self.violations().is_empty()
+    }
+}
+
+/// What became of one attempt.
+#[derive(Default)]
+struct Attempt {
+    invoked_at: Option<u64>,
+    outcome: Option<Outcome>,
+    first_delivered_at: Option<u64>,
+    sequence: Option<u64>,
+    deliveries: u64,
+    settled_at: Option<u64>,
+}
+
+/// Checks `history` (in recording order) after a full drain.
+pub fn check(history: &[Record]) -> Report {
+    let mut report = Report::default();
+    let mut attempts: BTreeMap<MessageId, Attempt> = BTreeMap::new();
+    let mut by_sequence: HashMap<(String, u64), MessageId> = HashMap::new();
+    let mut stream_last: HashMap<(u32, u64, String), u64> = HashMap::new();
+    for record in history {
+        match &record.event {
+            Event::Invoked(id) => {
+                attempts.entry(*id).or_default().invoked_at = Some(record.at_us);
+            }
+            Event::Completed { id, outcome } => {
+                let attempt = attempts.entry(*id).or_default();
+                attempt.outcome = Some(outcome.clone());
+                if let Outcome::Acknowledged { sequence } = outcome {
+                    attempt.sequence = Some(*sequence);
+                }
+            }
+            Event::Delivered {
+                consumer,
+                session,
+                producer_id,
+                sequence,
+                payload,
+                ..
+            } => {
+                report.deliveries += 1;
+                let id = match payload {
+                    Payload::Intact(id) => *id,
+                    Payload::Corrupt(why) => {
+                        report
+                            .corrupted
+                            .push(format!("{producer_id}/{sequence}: {why}"));
+                        continue;
+                    }
+                };
+                if crate::history::producer_name(id.producer) != *producer_id {
+                    report.corrupted.push(format!(
+                        "{producer_id}/{sequence} carries {id} of another producer"
+                    ));
+                    continue;
+                }
+                match by_sequence.get(&(producer_id.clone(), *sequence)) {
+                    Some(other) if *other != id => report.corrupted.push(format!(
+                        "{producer_id}/{sequence} delivered as both {other} and {id}"
+                    )),
+                    Some(_) => {}
+                    None => {
+                        by_sequence.insert((producer_id.clone(), *sequence), id);
+                    }
+                }
+                let attempt = attempts.entry(id).or_default();
+                attempt.deliveries += 1;
+                if attempt.deliveries > 1 {
+                    report.duplicated += 1;
+                    if attempt.settled_at.is_some() {
+                        report.delivered_after_ack += 1;
+                    }
+                    continue;
+                }
+                attempt.first_delivered_at = Some(record.at_us);
+                match attempt.sequence {
+                    Some(acked) if acked != *sequence => report.corrupted.push(format!(
+                        "{id} acknowledged as sequence {acked}, delivered as {sequence}"
+                    )),
+                    _ => attempt.sequence = Some(*sequence),
+                }
+                let stream = (*consumer, *session, producer_id.clone());
+                if let Some(&last) = stream_last.get(&stream)
+                    && last >= *sequence
+                {
+                    report.order_violations.push(format!(
+                        "consumer {consumer} stream {session} got {producer_id}/{sequence} first after {last}"
+                    ));
+                }
+                stream_last.insert(stream, *sequence);
+            }
+            Event::Settled { id } => {
+                attempts.entry(*id).or_default().settled_at = Some(record.at_us);
+            }
+            Event::Fault { .. } => {}
+        }
+    }
+    let mut last_acked_sequence: HashMap<u32, (u64, u64)> = HashMap::new();
+    for (id, attempt) in &attempts {
+        let delivered = attempt.deliveries > 0;
+        if attempt.invoked_at.is_some() {
+            report.attempted += 1;
+        } else if delivered {
+            report.unexpected.push(format!("{id} was delivered, never sent"));
+        }
+        if delivered {
+            report.delivered += 1;
+        }
+        match &attempt.outcome {
+            Some(Outcome::Acknowledged { sequence }) => {
+                report.acknowledged += 1;
+                if !delivered {
+                    report.lost.push(*id);
+                }
+                if let Some(&(counter, previous)) = last_acked_sequence.get(&id.producer)
+                    && previous >= *sequence
+                {
+                    report.order_violations.push(format!(
+                        "{id} acknowledged as sequence {sequence}, after #{counter} got {previous}"
+                    ));
+                }
+                last_acked_sequence.insert(id.producer, (id.counter, *sequence));
+            }
+            Some(Outcome::Failed { error }) => {
+                report.failed += 1;
+                if delivered {
+                    report
+                        .unexpected
+                        .push(format!("{id} was refused ({error}) and delivered"));
+                }
+            }
+            Some(Outcome::Unknown { .. }) | None if attempt.invoked_at.is_some() => {
+                report.unknown += 1;
+                if delivered {
+                    report.recovered += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    report.fairness = fairness(&attempts);
+    report.unavailability_ms = unavailability(history);
+    report
+}
+
+/// Median Jain's index over the windows with two or more backlogged producers.
+fn fairness(attempts: &BTreeMap<MessageId, Attempt>) -> Option<(f64, usize)> {
+    let mut acked_at: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut delivered_at: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut end = 0;
+    for (id, attempt) in attempts {
+        if let (Some(Outcome::Acknowledged { .. }), Some(invoked)) =
+            (&attempt.outcome, attempt.invoked_at)
+        {
+            acked_at.entry(id.producer).or_default().push(invoked);
+        }
+        if let Some(at) = attempt.first_delivered_at {
+            delivered_at.entry(id.producer).or_default().push(at);
+            end = end.max(at);
+        }
+    }
+    for times in acked_at.values_mut().chain(delivered_at.values_mut()) {
+        times.sort_unstable();
+    }
+    let count_by = |times: Option<&Vec<u64>>, t: u64| -> usize {
+        times.map_or(0, |times| times.partition_point(|&at| at < t))
+    };
+    let waiting = |producer: u32, t: u64| {
+        count_by(acked_at.get(&producer), t) > count_by(delivered_at.get(&producer), t)
+    };
+    let mut indexes = Vec::new();
+    let mut start = 0;
+    while start < end {
+        let stop = start + FAIRNESS_WINDOW_US;
+        let shares: Vec<f64> = acked_at
+            .keys()
+            .filter(|&&p| waiting(p, start) && waiting(p, stop))
+            .map(|&p| {
+                let times = delivered_at.get(&p);
+                (count_by(times, stop) - count_by(times, start)) as f64
+            })
+            .collect();
+        let total: f64 = shares.iter().sum();
+        let squares: f64 = shares.iter().map(|x| x * x).sum();
+        if shares.len() >= 2 && squares > 0.0 {
+            indexes.push(total * total / (shares.len() as f64 * squares));
+        }
+        start = stop;
+    }
+    if indexes.is_empty() {
+        return None;
+    }
+    indexes.sort_by(f64::total_cmp);
+    Some((indexes[indexes.len() / 2], indexes.len()))
+}
+
+/// For each leader loss, the longest gap between acknowledgements of one
+/// producer that spans it (producers with no acknowledgement on one side
+/// are not counted).
+fn unavailability(history: &[Record]) -> Vec<u64> {
+    let losses: Vec<u64> = history
+        .iter()
+        .filter(|r| matches!(r.event, Event::Fault { leader_loss: true, .. }))
+        .map(|r| r.at_us)
+        .collect();
+    let mut acks: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for record in history {
+        if let Event::Completed {
+            id,
+            outcome: Outcome::Acknowledged { .. },
+        } = &record.event
+        {
+            acks.entry(id.producer).or_default().push(record.at_us);
+        }
+    }
+    let producers: BTreeSet<u32> = acks.keys().copied().collect();
+    losses
+        .iter()
+        .map(|&at| {
+            producers
+                .iter()
+                .filter_map(|p| {
+                    let times = &acks[p];
+                    let after = times.partition_point(|&t| t < at);
+                    let before = after.checked_sub(1).map(|i| times[i])?;
+                    let next = times.get(after).copied()?;
+                    Some((next - before) / 1_000)
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,3 @@
+//! Runs the chaos schedules against real `floret serve` processes.
+
+fn main() {}
