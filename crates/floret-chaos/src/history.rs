@@ -52,7 +52,9 @@ pub fn encode_payload(id: MessageId, size: usize) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(size);
     bytes.extend(id.producer.to_le_bytes());
     bytes.extend(id.counter.to_le_bytes());
-    let filler = (id.counter as u8).wrapping_mul(31).wrapping_add(id.producer as u8);
+    let filler = (id.counter as u8)
+        .wrapping_mul(31)
+        .wrapping_add(id.producer as u8);
     bytes.resize(size - 4, filler);
     let checksum = crc32fast::hash(&bytes);
     bytes.extend(checksum.to_le_bytes());

@@ -115,7 +115,8 @@ impl Database {
         check_marker(dir)?;
         let sled_dir = dir.join("sled");
         #[cfg(feature = "failpoints")]
-        crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir).map_err(io_error)?;
+        crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir)
+            .map_err(io_error)?;
         let db = sled::Config::new()
             .cache_capacity(cache_bytes)
             .path(&sled_dir)

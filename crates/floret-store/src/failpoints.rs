@@ -66,12 +66,15 @@ pub fn crash_if_fires(name: &str) {
 #[cfg(feature = "failpoints")]
 const SYNCED_UPTO_FILE: &str = "synced-upto";
 
-/// Records that segment `segment` of the log in `dir` is durable up to `len` bytes.
+/// Records that segment `segment` of the log in `dir` is durable up to
+/// `len` bytes (through a rename, so a kill never leaves half a record).
 #[cfg(feature = "failpoints")]
 pub(crate) fn record_synced(dir: &Path, segment: u64, len: u64) -> std::io::Result<()> {
     let mut bytes = segment.to_le_bytes().to_vec();
     bytes.extend(len.to_le_bytes());
-    std::fs::write(dir.join(SYNCED_UPTO_FILE), bytes)
+    let fresh = dir.join(format!("{SYNCED_UPTO_FILE}.new"));
+    std::fs::write(&fresh, bytes)?;
+    std::fs::rename(fresh, dir.join(SYNCED_UPTO_FILE))
 }
 
 /// Emulates a power failure on the data dir `data_dir` (raft log in
@@ -98,11 +101,12 @@ pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Re
     let mut dropped = 0;
     for entry in std::fs::read_dir(log_dir)? {
         let path = entry?.path();
-        let Some(id) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("wal-")?.strip_suffix(".log")?.parse::<u64>().ok())
-        else {
+        let Some(id) = path.file_name().and_then(|n| n.to_str()).and_then(|n| {
+            n.strip_prefix("wal-")?
+                .strip_suffix(".log")?
+                .parse::<u64>()
+                .ok()
+        }) else {
             continue;
         };
         let len = std::fs::metadata(&path)?.len();

@@ -370,7 +370,10 @@ impl Wal {
 
     /// Whether any shard has purged entries from this log.
     pub fn has_purged(&self) -> bool {
-        self.lock().shards.values().any(|log| log.last_purged.is_some())
+        self.lock()
+            .shards
+            .values()
+            .any(|log| log.last_purged.is_some())
     }
 
     /// Starts a new segment once the active one is full: the old one is

@@ -147,8 +147,9 @@ fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
     shards
         .groups()
         .map(|group| {
-            let read_error =
-                |e: floret_store::StorageError| Status::internal(format!("cannot read shard {}: {e}", group.id));
+            let read_error = |e: floret_store::StorageError| {
+                Status::internal(format!("cannot read shard {}: {e}", group.id))
+            };
             let applied = group.reader.applied_state().map_err(read_error)?;
             let (digest, keys) = group.reader.digest().map_err(read_error)?;
             Ok(v1::ReplicaDigest {

@@ -1,0 +1,473 @@
+//! A cluster of real `floret serve` processes on loopback whose peer links
+//! run through [`Link`] proxies, and the faults the schedules inject into
+//! it: SIGKILL, SIGSTOP/SIGCONT, restarts (with fault points switched on
+//! through `FAILPOINTS`), partitions, and damage to a stopped node's data dir.
+//!
+//! Node `i` dials node `j` through its own proxy `i→j`; clients dial the
+//! nodes directly. Every process is killed when the cluster drops.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Ports are picked by binding port 0 and releasing it; another process
+//!   could take one in between.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use floret_client::Client;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::proxy::Link;
+
+/// How long a node may take to print its ready line.
+pub const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Node ids are 1..=size.
+pub type NodeId = u64;
+
+/// What a run's nodes are started with.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// The `floret` binary.
+    pub binary: PathBuf,
+    /// Where the data dirs, logs and config go.
+    pub root: PathBuf,
+    /// Nodes (3 for every schedule here).
+    pub size: u64,
+    /// Extra lines for the nodes' config file (TOML).
+    pub config: String,
+    /// `FAILPOINTS` for the first start of every node (restarts get their own).
+    pub start_failpoints: String,
+}
+
+/// One node's process, when it runs.
+struct Node {
+    address: SocketAddr,
+    child: Option<Child>,
+    paused: bool,
+}
+
+/// A running cluster with proxied peer links.
+pub struct Cluster {
+    spec: ClusterSpec,
+    nodes: BTreeMap<NodeId, Node>,
+    links: BTreeMap<(NodeId, NodeId), Link>,
+}
+
+impl Cluster {
+    /// Starts every node of `spec` at once and waits until each serves.
+    pub async fn start(spec: ClusterSpec) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&spec.root)?;
+        std::fs::write(spec.root.join("floret.toml"), &spec.config)?;
+        let mut nodes = BTreeMap::new();
+        for id in 1..=spec.size {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            nodes.insert(
+                id,
+                Node {
+                    address: listener.local_addr()?,
+                    child: None,
+                    paused: false,
+                },
+            );
+        }
+        let mut links = BTreeMap::new();
+        for from in 1..=spec.size {
+            for to in 1..=spec.size {
+                if from != to {
+                    links.insert((from, to), Link::start(nodes[&to].address).await?);
+                }
+            }
+        }
+        let mut cluster = Self { spec, nodes, links };
+        let failpoints = cluster.spec.start_failpoints.clone();
+        for id in 1..=cluster.spec.size {
+            cluster.spawn(id, &failpoints)?;
+        }
+        for id in 1..=cluster.spec.size {
+            cluster.wait_ready(id).await?;
+        }
+        Ok(cluster)
+    }
+
+    /// Node ids.
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// Every node's client address, comma-separated.
+    pub fn addresses(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| n.address.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A client of node `id` alone.
+    pub fn client(&self, id: NodeId) -> Client {
+        Client::connect_lazy(&self.nodes[&id].address.to_string()).expect("a socket address")
+    }
+
+    /// Node `id`'s data dir.
+    pub fn data_dir(&self, id: NodeId) -> PathBuf {
+        self.spec.root.join(format!("node-{id}"))
+    }
+
+    /// Node `id`'s log file (every run of it, appended).
+    pub fn log_path(&self, id: NodeId) -> PathBuf {
+        self.spec.root.join(format!("node-{id}.log"))
+    }
+
+    /// Whether node `id` runs (paused included).
+    pub fn is_running(&self, id: NodeId) -> bool {
+        self.nodes[&id].child.is_some()
+    }
+
+    /// Ids of the nodes that run and are not paused.
+    pub fn serving(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.child.is_some() && !n.paused)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    fn spawn(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
+        let peers = self
+            .nodes
+            .iter()
+            .map(|(&other, node)| {
+                let address = if other == id {
+                    node.address
+                } else {
+                    self.links[&(id, other)].address
+                };
+                format!("{other}={address}")
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))?;
+        let mut command = Command::new(&self.spec.binary);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(self.spec.root.join("floret.toml"))
+            .arg("--data-dir")
+            .arg(self.data_dir(id))
+            .args(["--node-id", &id.to_string()])
+            .args(["--listen", &self.nodes[&id].address.to_string()])
+            .args(["--peers", &peers])
+            .env("RUST_LOG", "info,openraft=warn,sled=warn")
+            .env("FAILPOINTS", failpoints)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawn {}", self.spec.binary.display()))?;
+        let node = self.nodes.get_mut(&id).expect("known node");
+        node.child = Some(child);
+        node.paused = false;
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, id: NodeId) -> anyhow::Result<()> {
+        let log_path = self.log_path(id);
+        let child = self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.child.as_mut())
+            .context("node not started")?;
+        let stdout = child.stdout.take().context("stdout already taken")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(START_DEADLINE, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains(" serving on ") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if ready != Ok(true) {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            bail!(
+                "node {id} did not become ready within {START_DEADLINE:?}; its log ends:\n{tail}"
+            );
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(())
+    }
+
+    /// SIGKILL of node `id` (no-op when it is not running).
+    pub async fn kill(&mut self, id: NodeId) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(mut child) = node.child.take() {
+            let _already_gone = child.kill().await;
+        }
+        node.paused = false;
+    }
+
+    /// Starts node `id` on whatever its data dir holds, with the fault
+    /// points `failpoints` (the `FAILPOINTS` syntax; empty for none), and
+    /// waits until it serves.
+    pub async fn restart(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
+        self.kill(id).await;
+        self.spawn(id, failpoints)?;
+        self.wait_ready(id).await
+    }
+
+    /// SIGKILLs every node of `ids` that runs, all at once, starts them all, with the
+    /// fault points `failpoints`, then waits until each serves: a node
+    /// waits for its shards' leaders, so nodes that need each other for a
+    /// majority must start together.
+    pub async fn restart_all(&mut self, ids: &[NodeId], failpoints: &str) -> anyhow::Result<()> {
+        for &id in ids {
+            if let Some(child) = self.nodes.get_mut(&id).and_then(|n| n.child.as_mut()) {
+                let _already_gone = child.start_kill();
+            }
+        }
+        for &id in ids {
+            self.kill(id).await;
+        }
+        for &id in ids {
+            self.spawn(id, failpoints)?;
+        }
+        for &id in ids {
+            self.wait_ready(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until node `id` has applied, on every shard it holds, at least
+    /// what the most advanced other replica had applied when this was called.
+    pub async fn wait_caught_up(&self, id: NodeId, within: Duration) -> anyhow::Result<()> {
+        let mut target: BTreeMap<u32, u64> = BTreeMap::new();
+        for other in self.ids().into_iter().filter(|&n| n != id) {
+            for replica in self.client(other).replica_digests().await? {
+                let applied = target.entry(replica.shard_id).or_default();
+                *applied = (*applied).max(replica.applied_index);
+            }
+        }
+        let until = Instant::now() + within;
+        loop {
+            let behind: Vec<u32> = match self.client(id).replica_digests().await {
+                Ok(replicas) => replicas
+                    .iter()
+                    .filter(|r| r.applied_index < target.get(&r.shard_id).copied().unwrap_or(0))
+                    .map(|r| r.shard_id)
+                    .collect(),
+                Err(_) => target.keys().copied().collect(),
+            };
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                bail!("node {id} did not catch up within {within:?} on shards {behind:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Starts node `id` without waiting; for a start that is expected to fail.
+    pub async fn start_expecting_exit(
+        &mut self,
+        id: NodeId,
+        within: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        self.kill(id).await;
+        self.spawn(id, "")?;
+        let child = self
+            .nodes
+            .get_mut(&id)
+            .and_then(|n| n.child.as_mut())
+            .context("node not started")?;
+        let exited = tokio::time::timeout(within, child.wait()).await;
+        match exited {
+            Ok(status) => {
+                self.nodes.get_mut(&id).expect("known node").child = None;
+                Ok(Some(status?))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Waits up to `within` for node `id` to exit by itself (a crash at a
+    /// fault point); true when it did.
+    pub async fn wait_for_exit(&mut self, id: NodeId, within: Duration) -> bool {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let Some(child) = node.child.as_mut() else {
+            return true;
+        };
+        if tokio::time::timeout(within, child.wait()).await.is_ok() {
+            node.child = None;
+            return true;
+        }
+        false
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT of node `id`.
+    pub async fn set_paused(&mut self, id: NodeId, pause: bool) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let Some(pid) = node.child.as_ref().and_then(Child::id) else {
+            bail!("node {id} is not running");
+        };
+        let signal = if pause { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill {signal} {pid} failed");
+        }
+        node.paused = pause;
+        Ok(())
+    }
+
+    /// Cuts (or heals) the links from `from` to `to`.
+    pub fn set_cut(&self, from: NodeId, to: NodeId, cut: bool) {
+        self.links[&(from, to)].set_cut(cut);
+    }
+
+    /// Cuts node `id` off from every other node, both ways.
+    pub fn isolate(&self, id: NodeId) {
+        for (&(from, to), link) in &self.links {
+            if from == id || to == id {
+                link.set_cut(true);
+            }
+        }
+    }
+
+    /// Heals every link, resumes every paused node, and restarts every node
+    /// that is down (without fault points).
+    pub async fn heal(&mut self) -> anyhow::Result<()> {
+        for link in self.links.values() {
+            link.set_cut(false);
+        }
+        let mut down = Vec::new();
+        for id in self.ids() {
+            if self.nodes[&id].paused {
+                self.set_paused(id, false).await?;
+            }
+            let exited = match self.nodes.get_mut(&id).and_then(|n| n.child.as_mut()) {
+                Some(child) => child.try_wait()?.is_some(),
+                None => true,
+            };
+            if exited {
+                down.push(id);
+            }
+        }
+        self.restart_all(&down, "").await
+    }
+
+    /// The leader of `shard` as the serving nodes see it, once one is
+    /// reachable (None after `within`).
+    pub async fn leader_of(&self, shard: u32, within: Duration) -> Option<NodeId> {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            for id in self.serving() {
+                let status =
+                    tokio::time::timeout(Duration::from_secs(2), self.client(id).cluster_status())
+                        .await;
+                if let Ok(Ok(status)) = status
+                    && let Some(leader) = status
+                        .shards
+                        .iter()
+                        .find(|s| s.shard_id == shard && s.leader_id != 0)
+                        .map(|s| s.leader_id)
+                    && self.serving().contains(&leader)
+                {
+                    return Some(leader);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// Every replica's (applied index, digest) per shard, from every node;
+    /// waits up to `within` for the replicas of each shard to agree on the
+    /// applied index. Returns the shards whose replicas differ.
+    pub async fn digest_mismatches(&self, within: Duration) -> anyhow::Result<Vec<String>> {
+        let until = Instant::now() + within;
+        loop {
+            let mut by_shard: BTreeMap<u32, Vec<(NodeId, u64, u64)>> = BTreeMap::new();
+            for id in self.ids() {
+                let replicas = self
+                    .client(id)
+                    .replica_digests()
+                    .await
+                    .with_context(|| format!("replica digests of node {id}"))?;
+                for replica in replicas {
+                    by_shard.entry(replica.shard_id).or_default().push((
+                        id,
+                        replica.applied_index,
+                        replica.digest,
+                    ));
+                }
+            }
+            let differing: Vec<String> = by_shard
+                .iter()
+                .filter(|(_, replicas)| {
+                    replicas
+                        .windows(2)
+                        .any(|w| (w[0].1, w[0].2) != (w[1].1, w[1].2))
+                })
+                .map(|(shard, replicas)| {
+                    format!("shard {shard}: (node, applied, digest) {replicas:?}")
+                })
+                .collect();
+            if differing.is_empty() || Instant::now() >= until {
+                return Ok(differing);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Deletes node `id`'s data dir (the node must be down).
+    pub fn wipe(&self, id: NodeId) -> anyhow::Result<()> {
+        let dir = self.data_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// The raft log segments of node `id`, oldest first.
+    pub fn log_segments(&self, id: NodeId) -> anyhow::Result<Vec<PathBuf>> {
+        let dir = self.data_dir(id).join("raft-log");
+        let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        segments.sort();
+        Ok(segments)
+    }
+}
+
+/// Flips one bit at `offset` of `file`.
+pub fn flip_bit(file: &Path, offset: u64) -> anyhow::Result<()> {
+    let mut bytes = std::fs::read(file)?;
+    let at = usize::try_from(offset)?.min(bytes.len().saturating_sub(1));
+    bytes[at] ^= 0x04;
+    std::fs::write(file, bytes)?;
+    Ok(())
+}
