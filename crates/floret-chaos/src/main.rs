@@ -1,3 +1,225 @@
-//! Runs the chaos schedules against real `floret serve` processes.
+//! `floret-chaos`: the long soak. Runs the fault schedules one after
+//! another, each on a fresh three-node cluster for `--rounds` faults, until
+//! `--minutes` have passed, then prints a summary table per schedule. Exits
+//! with status 1 when any run found a problem; its history and node logs
+//! are kept.
+//!
+//! ```text
+//! cargo build --release -p floret-cli --features failpoints
+//! cargo run --release -p floret-chaos -- --floret target/release/floret --minutes 20
+//! ```
 
-fn main() {}
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use floret_chaos::workload::WorkloadSpec;
+use floret_chaos::{RunResult, RunSpec, Schedule, run};
+
+#[derive(Parser)]
+#[command(about = "Soak floret under faults and check that nothing acknowledged is lost")]
+struct Args {
+    /// The floret binary, built with `--features failpoints`.
+    #[arg(long, default_value = "target/release/floret")]
+    floret: PathBuf,
+    /// Keep starting runs until this many minutes have passed.
+    #[arg(long, default_value_t = 20)]
+    minutes: u64,
+    /// Faults per run (each run is one schedule on a fresh cluster).
+    #[arg(long, default_value_t = 4)]
+    rounds: u32,
+    /// Schedules to cycle through, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    schedules: Vec<String>,
+    /// Producer tasks.
+    #[arg(long, default_value_t = 12)]
+    producers: u32,
+    /// Seconds of load before the first fault and after each heal.
+    #[arg(long, default_value_t = 2)]
+    load_seconds: u64,
+    /// Where runs keep their data dirs (a failed run's stays).
+    #[arg(long, default_value = "chaos-runs")]
+    root: PathBuf,
+    /// Also write every run's result as JSON lines here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Totals of one schedule over its runs.
+#[derive(Default)]
+struct Totals {
+    runs: u32,
+    rounds: u32,
+    attempted: u64,
+    acknowledged: u64,
+    delivered: u64,
+    lost: u64,
+    duplicated: u64,
+    recovered: u64,
+    unknown: u64,
+    leader_losses: usize,
+    unavailability_ms: Vec<u64>,
+    failed_runs: u32,
+}
+
+impl Totals {
+    fn add(&mut self, result: &RunResult) {
+        let report = &result.report;
+        self.runs += 1;
+        self.rounds += result.rounds;
+        self.attempted += report.attempted;
+        self.acknowledged += report.acknowledged;
+        self.delivered += report.delivered;
+        self.lost += report.lost.len() as u64;
+        self.duplicated += report.duplicated;
+        self.recovered += report.recovered;
+        self.unknown += report.unknown;
+        self.leader_losses += report.unavailability_ms.len();
+        self.unavailability_ms
+            .extend(report.unavailability_ms.iter().copied());
+        if !result.problems().is_empty() {
+            self.failed_runs += 1;
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let schedules: Vec<Schedule> = if args.schedules.is_empty() {
+        Schedule::ALL.to_vec()
+    } else {
+        args.schedules
+            .iter()
+            .map(|name| {
+                Schedule::from_name(name)
+                    .ok_or_else(|| anyhow::anyhow!("no schedule called {name:?}"))
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(args.minutes * 60);
+    let mut totals: BTreeMap<&'static str, Totals> = BTreeMap::new();
+    let mut json = match &args.json {
+        Some(path) => Some(std::fs::File::create(path)?),
+        None => None,
+    };
+    let mut failed = false;
+    let mut index = 0usize;
+    while Instant::now() < deadline {
+        let schedule = schedules[index % schedules.len()];
+        let root = args.root.join(format!("{index:04}-{}", schedule.name()));
+        index += 1;
+        let _fresh = std::fs::remove_dir_all(&root);
+        let spec = RunSpec {
+            schedule,
+            rounds: args.rounds,
+            binary: args.floret.clone(),
+            root: root.clone(),
+            workload: WorkloadSpec {
+                producers: args.producers,
+                ..WorkloadSpec::default()
+            },
+            start_failpoints: String::new(),
+            load_between_faults: Duration::from_secs(args.load_seconds),
+        };
+        let result = runtime.block_on(run(spec))?;
+        let problems = result.problems();
+        println!(
+            "{:<22} {:>4.0} s  acked {:>6}  lost {}  dup {:>5}  unavailability {:?} ms  {}",
+            result.schedule,
+            result.seconds,
+            result.report.acknowledged,
+            result.report.lost.len(),
+            result.report.duplicated,
+            result.report.unavailability_ms,
+            if problems.is_empty() {
+                "ok".to_owned()
+            } else {
+                format!("FAILED (kept in {}): {problems:?}", root.display())
+            }
+        );
+        if let Some(file) = json.as_mut() {
+            use std::io::Write;
+            writeln!(file, "{}", serde_json::to_string(&result)?)?;
+        }
+        if problems.is_empty() {
+            let _cleaned = std::fs::remove_dir_all(&root);
+        } else {
+            failed = true;
+        }
+        totals.entry(result.schedule).or_default().add(&result);
+    }
+    print_summary(&totals);
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn print_summary(totals: &BTreeMap<&'static str, Totals>) {
+    println!(
+        "\n{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>6}",
+        "schedule",
+        "runs",
+        "faults",
+        "attempted",
+        "acked",
+        "delivered",
+        "lost",
+        "dup",
+        "unknown",
+        "recov",
+        "leader",
+        "unavail p50/max",
+        "failed"
+    );
+    let mut all = Totals::default();
+    for (name, t) in totals {
+        print_row(name, t);
+        all.runs += t.runs;
+        all.rounds += t.rounds;
+        all.attempted += t.attempted;
+        all.acknowledged += t.acknowledged;
+        all.delivered += t.delivered;
+        all.lost += t.lost;
+        all.duplicated += t.duplicated;
+        all.recovered += t.recovered;
+        all.unknown += t.unknown;
+        all.leader_losses += t.leader_losses;
+        all.unavailability_ms
+            .extend(t.unavailability_ms.iter().copied());
+        all.failed_runs += t.failed_runs;
+    }
+    print_row("all", &all);
+}
+
+fn print_row(name: &str, t: &Totals) {
+    let mut gaps = t.unavailability_ms.clone();
+    gaps.sort_unstable();
+    let (median, max) = match gaps.as_slice() {
+        [] => ("-".to_owned(), "-".to_owned()),
+        _ => (
+            gaps[gaps.len() / 2].to_string(),
+            gaps[gaps.len() - 1].to_string(),
+        ),
+    };
+    println!(
+        "{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>6}",
+        name,
+        t.runs,
+        t.rounds,
+        t.attempted,
+        t.acknowledged,
+        t.delivered,
+        t.lost,
+        t.duplicated,
+        t.unknown,
+        t.recovered,
+        t.leader_losses,
+        format!("{median}/{max}"),
+        t.failed_runs
+    );
+}

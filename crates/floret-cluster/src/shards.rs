@@ -11,15 +11,28 @@
 //! log or a snapshot. Until every other replica answers, the preferred
 //! replica keeps asking (a group cannot form without a majority anyway).
 //!
+//! **Vote guard.** Raft assumes a node never forgets a vote or an entry it
+//! acknowledged. A node that may have (its data dir was wiped and the
+//! cluster already exists, or opening its log cut off a torn write, which a
+//! disk that lost synced data leaves too) does not grant votes until a
+//! leader has reached it, or for [`VOTE_GUARD`] at most. Without this, a
+//! wiped node's vote let a candidate that lacked a committed entry win, and
+//! the entry was lost (the chaos suite's `wipe-node` schedule found it). A
+//! new node in a new cluster is guarded only until its peers have all
+//! answered that no shard exists yet.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - A node restarted with a wiped data dir has forgotten its votes; if it
-//!   votes again in a term it voted in before, that term could see two
-//!   candidates win. Raft itself assumes stable storage here.
+//! - A guarded node still accepts appends from any leader, a stale one
+//!   included: a wiped node does not know the terms it voted in before.
+//!   Losing data then needs a stale leader still running beside the new
+//!   one at the moment of the wipe.
+//! - After [`VOTE_GUARD`] without a leader (every node lost its tail in a
+//!   power failure) the guard lifts and votes go by the logs as usual.
 //! - Membership is fixed by configuration: no joint-consensus changes yet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use floret_proto::peer::v1::ShardStatesRequest;
 use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
@@ -32,6 +45,8 @@ use crate::placement::{ReplicaPlacement, ShardPlacement};
 
 /// How long bootstrap waits for a peer to say which shards it has.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a node that may have forgotten votes or entries refuses to vote.
+pub const VOTE_GUARD: Duration = Duration::from_secs(10);
 /// Pause between two bootstrap rounds while some peer has not answered.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -113,6 +128,12 @@ pub struct Shards {
     replicas: ReplicaPlacement,
     tuning: RaftTuning,
     view: OnceLock<tokio::sync::watch::Receiver<Arc<View>>>,
+    /// Shards that refuse to grant votes until the instant given (or until
+    /// a leader reaches them), and why.
+    vote_guard: Mutex<BTreeMap<ShardId, Instant>>,
+    /// Whether the guard was set only because the data dir is new (lifted
+    /// for shards no peer has, see [`Shards::bootstrap`]).
+    guard_for_new_data_dir: bool,
 }
 
 impl Shards {
@@ -155,7 +176,21 @@ impl Shards {
                 },
             );
         }
+        let lost_tail = database.log_cut_at_open() > 0;
+        let new_data_dir = database.created() && peers.others().next().is_some();
+        let mut vote_guard = BTreeMap::new();
+        if lost_tail || new_data_dir {
+            tracing::warn!(
+                log_bytes_cut = database.log_cut_at_open(),
+                new_data_dir,
+                "this node may have lost votes or entries it acknowledged: it grants no vote until a leader reaches it"
+            );
+            let until = Instant::now() + VOTE_GUARD;
+            vote_guard.extend(groups.keys().map(|&shard| (shard, until)));
+        }
         Ok(Self {
+            vote_guard: Mutex::new(vote_guard),
+            guard_for_new_data_dir: new_data_dir && !lost_tail,
             peers,
             groups,
             placement: ShardPlacement::new(shard_count),
@@ -169,6 +204,9 @@ impl Shards {
     /// replica has ever initialised; asks a lone voter to elect at once.
     /// Returns when every such group is founded or known to exist elsewhere.
     pub async fn bootstrap(&self) -> Result<(), ShardsError> {
+        if self.guard_for_new_data_dir {
+            self.lift_vote_guard_where_new().await;
+        }
         let node_id = self.node_id();
         let mut to_found = Vec::new();
         for group in self.groups.values() {
@@ -253,6 +291,84 @@ impl Shards {
 
     /// Every other member's answer: the shards it has initialised, or None
     /// when it did not answer.
+    /// Whether this node must refuse a vote for `shard` now (see the
+    /// module's vote guard). The guard lifts once a leader other than this
+    /// node is known, or when it expires.
+    pub fn refuses_vote(&self, shard: ShardId) -> bool {
+        let mut guard = self
+            .vote_guard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(&until) = guard.get(&shard) else {
+            return false;
+        };
+        let leader_reached_us = self.groups.get(&shard).is_some_and(|group| {
+            group
+                .raft
+                .metrics()
+                .borrow()
+                .current_leader
+                .is_some_and(|leader| leader != self.node_id())
+        });
+        if leader_reached_us || Instant::now() >= until {
+            guard.remove(&shard);
+            tracing::info!(shard, leader_reached_us, "vote guard lifted");
+            return false;
+        }
+        true
+    }
+
+    /// For a node on a new data dir: asks the peers until each guarded
+    /// shard is decided. A shard no replica has is new (the cluster is being
+    /// founded), so its guard goes; one that exists elsewhere keeps it.
+    async fn lift_vote_guard_where_new(&self) {
+        let node_id = self.node_id();
+        let mut undecided: BTreeSet<ShardId> = self
+            .vote_guard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        let until = Instant::now() + VOTE_GUARD;
+        while !undecided.is_empty() && Instant::now() < until {
+            let answers = self.probe_peers().await;
+            undecided.retain(|&shard| {
+                let others: Vec<NodeId> = self
+                    .replicas
+                    .replicas(shard)
+                    .iter()
+                    .copied()
+                    .filter(|&node| node != node_id)
+                    .collect();
+                let exists = others.iter().any(
+                    |node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)),
+                );
+                let all_answered = others
+                    .iter()
+                    .all(|node| matches!(answers.get(node), Some(Some(_))));
+                if exists {
+                    tracing::warn!(
+                        shard,
+                        "rejoining a shard after losing this node's data: no vote until its leader reaches us"
+                    );
+                    return false;
+                }
+                if all_answered {
+                    self.vote_guard
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .remove(&shard);
+                    return false;
+                }
+                true
+            });
+            if !undecided.is_empty() {
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+        }
+    }
+
     async fn probe_peers(&self) -> BTreeMap<NodeId, Option<BTreeSet<ShardId>>> {
         let probes = self.peers.others().map(|node| {
             let client = self.peers.peer_client(node);

@@ -97,6 +97,8 @@ pub struct Database {
     state_machines: StateMachineDurability,
     flusher: Flusher,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
+    /// Whether this open created the data dir.
+    created: bool,
 }
 
 impl Database {
@@ -112,7 +114,7 @@ impl Database {
             path: dir.to_path_buf(),
             source,
         };
-        check_marker(dir)?;
+        let created = check_marker(dir)?;
         let sled_dir = dir.join("sled");
         #[cfg(feature = "failpoints")]
         crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir)
@@ -145,7 +147,20 @@ impl Database {
             state_machines,
             flusher,
             flusher_thread: Some(flusher_thread),
+            created,
         })
+    }
+
+    /// Whether this open created the data dir (a new node, or one whose
+    /// data was wiped).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Bytes of torn write cut off the raft log when it was opened (see
+    /// [`Wal::cut_at_open`]).
+    pub fn log_cut_at_open(&self) -> u64 {
+        self.wal.cut_at_open()
     }
 
     /// Log storage of one shard.
@@ -266,7 +281,9 @@ impl Database {
     }
 }
 
-fn check_marker(dir: &Path) -> Result<(), OpenError> {
+/// Checks (or, for a new data dir, writes) the format marker; true when
+/// the data dir was created.
+fn check_marker(dir: &Path) -> Result<bool, OpenError> {
     let io_error = |source| OpenError::Io {
         path: dir.to_path_buf(),
         source,
@@ -276,7 +293,7 @@ fn check_marker(dir: &Path) -> Result<(), OpenError> {
         Ok(content) => {
             let found = content.trim();
             if found == format!("format {FORMAT_VERSION}") {
-                Ok(())
+                Ok(false)
             } else {
                 Err(OpenError::UnknownFormat {
                     path: dir.to_path_buf(),
@@ -297,7 +314,8 @@ fn check_marker(dir: &Path) -> Result<(), OpenError> {
                 .map_err(io_error)?;
             fs::File::open(dir)
                 .and_then(|f| f.sync_all())
-                .map_err(io_error)
+                .map_err(io_error)?;
+            Ok(true)
         }
         Err(error) => Err(io_error(error)),
     }

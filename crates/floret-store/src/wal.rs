@@ -111,6 +111,8 @@ pub struct Wal {
     dir: PathBuf,
     segment_bytes: u64,
     state: Mutex<WalState>,
+    /// Bytes of torn write cut off the end while opening.
+    cut_at_open: u64,
 }
 
 /// A log file that cannot be trusted.
@@ -163,12 +165,14 @@ impl Wal {
         let mut shards: HashMap<ShardId, ShardLog> = HashMap::new();
         let mut sealed = BTreeMap::new();
         let mut active = None;
+        let mut cut_at_open = 0;
         for (position, &id) in ids.iter().enumerate() {
             let path = segment_path(dir, id);
             let is_last = position + 1 == ids.len();
             let valid_len = replay_segment(&path, id, is_last, &mut shards)?;
             let file = OpenOptions::new().read(true).append(true).open(&path)?;
             if is_last {
+                cut_at_open = file.metadata()?.len().saturating_sub(valid_len);
                 file.set_len(valid_len)?;
                 file.sync_all()?;
                 active = Some(Segment {
@@ -195,6 +199,7 @@ impl Wal {
                 shards,
                 failed: None,
             }),
+            cut_at_open,
         })
     }
 
@@ -366,6 +371,14 @@ impl Wal {
         #[cfg(feature = "failpoints")]
         crate::failpoints::record_synced(&self.dir, _segment, _len)?;
         Ok(())
+    }
+
+    /// Bytes cut off the end of the log as a torn write when it was opened.
+    /// A torn write is normally data that was never synced, but the same
+    /// shape is left by a disk that lost synced data, so a node that cut
+    /// one cannot be sure it kept every vote and entry it acknowledged.
+    pub fn cut_at_open(&self) -> u64 {
+        self.cut_at_open
     }
 
     /// Whether any shard has purged entries from this log.

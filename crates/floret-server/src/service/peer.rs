@@ -24,7 +24,7 @@ use floret_cluster::{Shards, decode, encode};
 use floret_proto::peer::v1::{self, peer_server::Peer};
 use floret_store::{NodeId, ShardId, TypeConfig};
 use openraft::error::{InstallSnapshotError, RaftError};
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest, VoteResponse};
 use tonic::{Request, Response, Status};
 
 use crate::dispatcher::{DispatcherHandle, SettleKind};
@@ -115,8 +115,17 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
+        let refuse = self.shards.refuses_vote(request.get_ref().shard_id);
         self.relay(request, |raft, vote: VoteRequest<NodeId>| async move {
-            let result: Result<_, RaftError<NodeId>> = raft.vote(vote).await;
+            let result: Result<_, RaftError<NodeId>> = if refuse {
+                Ok(VoteResponse {
+                    vote: raft.metrics().borrow().vote,
+                    vote_granted: false,
+                    last_log_id: None,
+                })
+            } else {
+                raft.vote(vote).await
+            };
             result
         })
         .await
