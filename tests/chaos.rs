@@ -111,7 +111,7 @@ async fn leases_of_a_killed_consumer_are_never_redelivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_with_a_wiped_data_dir_loses_or_resurrects_messages() {
-    passes(Schedule::WipeNode, 2).await;
+    passes(Schedule::WipeNode, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,11 +123,6 @@ impl Cluster {
         self.spec.root.join(format!("node-{id}.log"))
     }
 
-    /// Whether node `id` runs (paused included).
-    pub fn is_running(&self, id: NodeId) -> bool {
-        self.nodes[&id].child.is_some()
-    }
-
     /// Ids of the nodes that run and are not paused.
     pub fn serving(&self) -> Vec<NodeId> {
         self.nodes
@@ -198,20 +193,16 @@ impl Cluster {
             false
         })
         .await;
-        if ready != Ok(true) {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(30)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            bail!(
-                "node {id} did not become ready within {START_DEADLINE:?}; its log ends:\n{tail}"
-            );
+        match ready {
+            Ok(true) => {}
+            Ok(false) => bail!(
+                "node {id} exited before it served; its log ends:\n{}",
+                log_tail(&log_path)
+            ),
+            Err(_) => bail!(
+                "node {id} did not become ready within {START_DEADLINE:?}; its log ends:\n{}",
+                log_tail(&log_path)
+            ),
         }
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(())
@@ -285,6 +276,13 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Starts node `id` with the fault points `failpoints` armed, without
+    /// waiting for it to serve: a crash point may fire during start-up.
+    pub async fn start_armed(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
+        self.kill(id).await;
+        self.spawn(id, failpoints)
     }
 
     /// Starts node `id` without waiting; for a start that is expected to fail.
@@ -461,6 +459,27 @@ impl Cluster {
         segments.sort();
         Ok(segments)
     }
+}
+
+/// The last lines of a node's log, colour codes removed.
+fn log_tail(log_path: &Path) -> String {
+    let log = std::fs::read_to_string(log_path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    strip_colours(&lines[lines.len().saturating_sub(20)..].join("\n"))
+}
+
+/// `text` without ANSI escape sequences (the nodes' logs are coloured).
+pub fn strip_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| c.is_ascii_alphabetic());
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
 
 /// Flips one bit at `offset` of `file`.

@@ -203,16 +203,7 @@ async fn describe_stats(client: &Client) -> String {
 /// Sums `dropped_log_bytes=N` over the power-loss lines of a node's log
 /// (its colour codes removed).
 fn power_loss_dropped_bytes(log: &std::path::Path) -> u64 {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut plain = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(|c| c.is_ascii_alphabetic());
-        } else {
-            plain.push(c);
-        }
-    }
+    let plain = crate::cluster::strip_colours(&std::fs::read_to_string(log).unwrap_or_default());
     plain
         .lines()
         .filter(|line| line.contains("emulated power loss"))

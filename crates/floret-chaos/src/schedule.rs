@@ -206,7 +206,7 @@ impl Schedule {
                 let (point, action) = CRASH_POINTS[round as usize % CRASH_POINTS.len()];
                 fault(format!("restart leader {leader} with {point}"), true);
                 cluster
-                    .restart(leader, &format!("{point}={action}"))
+                    .start_armed(leader, &format!("{point}={action}"))
                     .await?;
                 let crashed = cluster.wait_for_exit(leader, FAULT_POINT_DEADLINE).await;
                 fault(

@@ -14,12 +14,14 @@
 //! **Vote guard.** Raft assumes a node never forgets a vote or an entry it
 //! acknowledged. A node that may have (its data dir was wiped and the
 //! cluster already exists, or opening its log cut off a torn write, which a
-//! disk that lost synced data leaves too) does not grant votes until a
-//! leader has reached it, or for [`VOTE_GUARD`] at most. Without this, a
-//! wiped node's vote let a candidate that lacked a committed entry win, and
-//! the entry was lost (the chaos suite's `wipe-node` schedule found it). A
-//! new node in a new cluster is guarded only until its peers have all
-//! answered that no shard exists yet.
+//! disk that lost synced data leaves too) neither grants votes nor
+//! campaigns until a leader has reached it, or for [`VOTE_GUARD`] at most,
+//! and does not resume a leadership its stored vote records. The chaos
+//! suite found each of these losing committed entries: a wiped node's vote
+//! elected a replica that lacked one; a leader whose log lost its tail
+//! resumed leading at start and imposed its shorter log. A new node in a
+//! new cluster is guarded only until its peers have all answered that no
+//! shard exists yet.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A guarded node still accepts appends from any leader, a stale one
@@ -35,7 +37,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use floret_proto::peer::v1::ShardStatesRequest;
-use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
+use floret_store::{
+    AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader, StorageError,
+};
 use openraft::{BasicNode, SnapshotPolicy};
 
 use crate::gossip::{Liveness, View};
@@ -47,6 +51,8 @@ use crate::placement::{ReplicaPlacement, ShardPlacement};
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest a node that may have forgotten votes or entries refuses to vote.
 pub const VOTE_GUARD: Duration = Duration::from_secs(10);
+/// How often bootstrap checks whether a guarded shard may vote again.
+const GUARD_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 /// Pause between two bootstrap rounds while some peer has not answered.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -154,11 +160,18 @@ impl Shards {
         database.claim_placement(replicas.description())?;
         let config =
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
+        let lost_tail = database.log_cut_at_open() > 0;
+        let new_data_dir = database.created() && peers.others().next().is_some();
         let mut groups = BTreeMap::new();
         for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
             let trees = |source| ShardsError::Trees { shard, source };
             let raft_error = |reason: String| ShardsError::Raft { shard, reason };
-            let log_store = database.log_store(shard);
+            let mut log_store = database.log_store(shard);
+            if lost_tail {
+                forget_leadership(&mut log_store)
+                    .await
+                    .map_err(|e| raft_error(e.to_string()))?;
+            }
             let state_machine = database
                 .state_machine(shard, Some(events.clone()))
                 .map_err(trees)?;
@@ -176,8 +189,6 @@ impl Shards {
                 },
             );
         }
-        let lost_tail = database.log_cut_at_open() > 0;
-        let new_data_dir = database.created() && peers.others().next().is_some();
         let mut vote_guard = BTreeMap::new();
         if lost_tail || new_data_dir {
             tracing::warn!(
@@ -186,7 +197,10 @@ impl Shards {
                 "this node may have lost votes or entries it acknowledged: it grants no vote until a leader reaches it"
             );
             let until = Instant::now() + VOTE_GUARD;
-            vote_guard.extend(groups.keys().map(|&shard| (shard, until)));
+            for (&shard, group) in &groups {
+                group.raft.runtime_config().elect(false);
+                vote_guard.insert(shard, until);
+            }
         }
         Ok(Self {
             vote_guard: Mutex::new(vote_guard),
@@ -202,7 +216,8 @@ impl Shards {
 
     /// Founds the groups this node is the preferred replica of and that no
     /// replica has ever initialised; asks a lone voter to elect at once.
-    /// Returns when every such group is founded or known to exist elsewhere.
+    /// Returns when every such group is founded or known to exist elsewhere,
+    /// and every vote guard is lifted.
     pub async fn bootstrap(&self) -> Result<(), ShardsError> {
         if self.guard_for_new_data_dir {
             self.lift_vote_guard_where_new().await;
@@ -262,6 +277,7 @@ impl Shards {
                 tokio::time::sleep(PROBE_INTERVAL).await;
             }
         }
+        self.release_vote_guards().await;
         Ok(())
     }
 
@@ -312,10 +328,41 @@ impl Shards {
         });
         if leader_reached_us || Instant::now() >= until {
             guard.remove(&shard);
-            tracing::info!(shard, leader_reached_us, "vote guard lifted");
+            drop(guard);
+            self.lift_vote_guard(shard, leader_reached_us);
             return false;
         }
         true
+    }
+
+    /// Lets `shard`'s group vote and campaign again (its guard entry is gone).
+    fn lift_vote_guard(&self, shard: ShardId, leader_reached_us: bool) {
+        if let Some(group) = self.groups.get(&shard) {
+            group.raft.runtime_config().elect(true);
+        }
+        tracing::info!(shard, leader_reached_us, "vote guard lifted");
+    }
+
+    /// Checks every guarded shard until none is left, so a shard nobody
+    /// asks for a vote still campaigns again once a leader reached it or
+    /// the guard expired.
+    async fn release_vote_guards(&self) {
+        loop {
+            let guarded: Vec<ShardId> = self
+                .vote_guard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .keys()
+                .copied()
+                .collect();
+            if guarded.is_empty() {
+                return;
+            }
+            for shard in guarded {
+                self.refuses_vote(shard);
+            }
+            tokio::time::sleep(GUARD_CHECK_INTERVAL).await;
+        }
     }
 
     /// For a node on a new data dir: asks the peers until each guarded
@@ -359,6 +406,7 @@ impl Shards {
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner())
                         .remove(&shard);
+                    self.lift_vote_guard(shard, false);
                     return false;
                 }
                 true
@@ -527,4 +575,23 @@ fn raft_config(tuning: &RaftTuning) -> Result<openraft::Config, String> {
         ..Default::default()
     };
     config.validate().map_err(|e| e.to_string())
+}
+
+/// Rewrites a committed vote for this node as an uncommitted one, so that
+/// openraft does not resume leadership from it at start: a node whose log
+/// lost its tail may lack entries it committed as leader, and resuming
+/// would impose its shorter log on the followers.
+async fn forget_leadership(log_store: &mut floret_store::LogStore) -> Result<(), StorageError> {
+    use openraft::storage::RaftLogStorage;
+    if let Some(vote) = log_store.read_vote().await?
+        && vote.is_committed()
+    {
+        log_store
+            .save_vote(&openraft::Vote {
+                leader_id: vote.leader_id,
+                committed: false,
+            })
+            .await?;
+    }
+    Ok(())
 }
