@@ -41,6 +41,9 @@ struct Args {
     /// Where runs keep their data dirs (a failed run's stays).
     #[arg(long, default_value = "chaos-runs")]
     root: PathBuf,
+    /// Keep every run's data dirs, logs and history, not only failed ones'.
+    #[arg(long)]
+    keep: bool,
     /// Also write every run's result as JSON lines here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -145,7 +148,7 @@ fn main() -> anyhow::Result<()> {
             use std::io::Write;
             writeln!(file, "{}", serde_json::to_string(&result)?)?;
         }
-        if problems.is_empty() {
+        if problems.is_empty() && !args.keep {
             let _cleaned = std::fs::remove_dir_all(&root);
         } else {
             failed = true;
