@@ -250,19 +250,7 @@ impl Shards {
             let answers = self.probe_peers().await;
             let mut still_waiting = Vec::new();
             for shard in to_found {
-                let others: Vec<NodeId> = self
-                    .replicas
-                    .replicas(shard)
-                    .iter()
-                    .copied()
-                    .filter(|&node| node != node_id)
-                    .collect();
-                let initialised_elsewhere = others.iter().any(
-                    |node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)),
-                );
-                let all_answered = others
-                    .iter()
-                    .all(|node| matches!(answers.get(node), Some(Some(_))));
+                let (initialised_elsewhere, all_answered) = self.presence(shard, &answers);
                 if initialised_elsewhere {
                     tracing::info!(shard, "shard exists on its other replicas; joining it");
                 } else if all_answered {
@@ -305,8 +293,6 @@ impl Shards {
         }
     }
 
-    /// Every other member's answer: the shards it has initialised, or None
-    /// when it did not answer.
     /// Whether this node must refuse a vote for `shard` now (see the
     /// module's vote guard). The guard lifts once a leader other than this
     /// node is known, or when it expires.
@@ -369,7 +355,6 @@ impl Shards {
     /// shard is decided. A shard no replica has is new (the cluster is being
     /// founded), so its guard goes; one that exists elsewhere keeps it.
     async fn lift_vote_guard_where_new(&self) {
-        let node_id = self.node_id();
         let mut undecided: BTreeSet<ShardId> = self
             .vote_guard
             .lock()
@@ -381,19 +366,7 @@ impl Shards {
         while !undecided.is_empty() && Instant::now() < until {
             let answers = self.probe_peers().await;
             undecided.retain(|&shard| {
-                let others: Vec<NodeId> = self
-                    .replicas
-                    .replicas(shard)
-                    .iter()
-                    .copied()
-                    .filter(|&node| node != node_id)
-                    .collect();
-                let exists = others.iter().any(
-                    |node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)),
-                );
-                let all_answered = others
-                    .iter()
-                    .all(|node| matches!(answers.get(node), Some(Some(_))));
+                let (exists, all_answered) = self.presence(shard, &answers);
                 if exists {
                     tracing::warn!(
                         shard,
@@ -417,6 +390,31 @@ impl Shards {
         }
     }
 
+    /// What the other replicas of `shard` said in `answers` (from
+    /// [`Shards::probe_peers`]): whether any has it initialised, and
+    /// whether all of them answered.
+    fn presence(
+        &self,
+        shard: ShardId,
+        answers: &BTreeMap<NodeId, Option<BTreeSet<ShardId>>>,
+    ) -> (bool, bool) {
+        let node_id = self.node_id();
+        let others = self
+            .replicas
+            .replicas(shard)
+            .iter()
+            .filter(|&&node| node != node_id);
+        let initialised_elsewhere = others
+            .clone()
+            .any(|node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)));
+        let all_answered = others
+            .clone()
+            .all(|node| matches!(answers.get(node), Some(Some(_))));
+        (initialised_elsewhere, all_answered)
+    }
+
+    /// Every other member's answer: the shards it has initialised, or None
+    /// when it did not answer.
     async fn probe_peers(&self) -> BTreeMap<NodeId, Option<BTreeSet<ShardId>>> {
         let probes = self.peers.others().map(|node| {
             let client = self.peers.peer_client(node);
