@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use floret_cluster::{Shards, View};
 use floret_proto::v1;
-use floret_store::ProducerEntry;
+use floret_store::{NodeId, ProducerEntry};
+use tonic::transport::Channel;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -68,27 +69,13 @@ impl v1::admin_server::Admin for AdminService {
         if request.into_inner().local_only {
             return Ok(Response::new(local));
         }
-        let peers = self.shards.peers();
-        let asks = peers.others().map(|node| {
-            let channel = peers.channel(node);
-            async move {
-                let Some(channel) = channel else {
-                    return (node, Err("not a member".to_owned()));
-                };
-                let mut client = v1::admin_client::AdminClient::new(channel);
-                let call = client.cluster_status(v1::ClusterStatusRequest { local_only: true });
-                match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
-                    Ok(Ok(view)) => (node, Ok(view.into_inner())),
-                    Ok(Err(status)) => (node, Err(status.message().to_owned())),
-                    Err(_) => (
-                        node,
-                        Err(format!("no answer within {PEER_STATUS_TIMEOUT:?}")),
-                    ),
-                }
-            }
-        });
-        let mut views: BTreeMap<u64, Result<v1::ClusterStatusResponse, String>> =
-            futures::future::join_all(asks).await.into_iter().collect();
+        let mut views = self
+            .ask_peers(|mut client| async move {
+                client
+                    .cluster_status(v1::ClusterStatusRequest { local_only: true })
+                    .await
+            })
+            .await;
         views.insert(self.shards.node_id(), Ok(local));
         Ok(Response::new(self.merge(views)))
     }
@@ -102,29 +89,25 @@ impl v1::admin_server::Admin for AdminService {
             .then(|| request::queue_name(&request.queue))
             .transpose()?;
         let local = self.local_stats(wanted).await?;
-        let peers = self.shards.peers();
-        if request.local_only || peers.others().next().is_none() {
+        if request.local_only || self.shards.peers().others().next().is_none() {
             return Ok(Response::new(local));
         }
-        let asks = peers.others().map(|node| {
-            let channel = peers.channel(node);
-            let queue = request.queue.clone();
-            async move {
-                let mut client = v1::admin_client::AdminClient::new(channel?);
-                let call = client.queue_stats(v1::QueueStatsRequest {
-                    queue,
-                    local_only: true,
-                });
-                match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
-                    Ok(Ok(stats)) => Some(stats.into_inner()),
-                    _ => None,
+        let queue = request.queue;
+        let mut answers: Vec<v1::QueueStatsResponse> = self
+            .ask_peers(|mut client| {
+                let queue = queue.clone();
+                async move {
+                    client
+                        .queue_stats(v1::QueueStatsRequest {
+                            queue,
+                            local_only: true,
+                        })
+                        .await
                 }
-            }
-        });
-        let mut answers: Vec<v1::QueueStatsResponse> = futures::future::join_all(asks)
+            })
             .await
-            .into_iter()
-            .flatten()
+            .into_values()
+            .filter_map(Result::ok)
             .collect();
         answers.push(local);
         Ok(Response::new(merge_queue_stats(answers)))
@@ -163,6 +146,33 @@ fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
 }
 
 impl AdminService {
+    /// Asks every other node's Admin service with `call` (their own view,
+    /// `local_only`), each within [`PEER_STATUS_TIMEOUT`]: per node, the
+    /// answer or why there is none.
+    async fn ask_peers<T, F, Fut>(&self, call: F) -> BTreeMap<NodeId, Result<T, String>>
+    where
+        F: Fn(v1::admin_client::AdminClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let peers = self.shards.peers();
+        let asks = peers.others().map(|node| {
+            let client = peers.channel(node).map(v1::admin_client::AdminClient::new);
+            let call = client.map(&call);
+            async move {
+                let Some(call) = call else {
+                    return (node, Err("not a member".to_owned()));
+                };
+                let answer = match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
+                    Ok(Ok(answer)) => Ok(answer.into_inner()),
+                    Ok(Err(status)) => Err(status.message().to_owned()),
+                    Err(_) => Err(format!("no answer within {PEER_STATUS_TIMEOUT:?}")),
+                };
+                (node, answer)
+            }
+        });
+        futures::future::join_all(asks).await.into_iter().collect()
+    }
+
     /// This node's own figures: durable counters of every shard it holds
     /// (marked `led` where it leads the producer's shard) and its
     /// dispatcher's delivery and fairness figures.
@@ -335,7 +345,7 @@ impl AdminService {
         views: BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
     ) -> v1::ClusterStatusResponse {
         let peers = self.shards.peers();
-        let nodes = views
+        let mut nodes: Vec<v1::NodeStatus> = views
             .iter()
             .map(|(&node_id, view)| match view {
                 Ok(view) => v1::NodeStatus {
@@ -394,7 +404,6 @@ impl AdminService {
                 }
             })
             .collect();
-        let mut nodes: Vec<v1::NodeStatus> = nodes;
         if let Some(view) = &self.view {
             let view = view.borrow().clone();
             for node in &mut nodes {
