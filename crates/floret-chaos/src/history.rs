@@ -179,12 +179,15 @@ impl Recorder {
             .push(Record { at_us, event });
     }
 
-    /// Every event so far, in the order recorded.
-    pub fn history(&self) -> Vec<Record> {
-        self.records
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    /// Runs `read` over every event so far, in the order recorded, without
+    /// copying them (recording waits meanwhile).
+    pub fn read<T>(&self, read: impl FnOnce(&[Record]) -> T) -> T {
+        read(
+            &self
+                .records
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 }
 

@@ -134,11 +134,13 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         ));
     }
     let digest_mismatches = cluster.digest_mismatches(DIGEST_DEADLINE).await?;
-    let history = recorder.history();
-    let lines: Vec<String> = history
-        .iter()
-        .filter_map(|r| serde_json::to_string(r).ok())
-        .collect();
+    let (report, lines) = recorder.read(|history| {
+        let lines: Vec<String> = history
+            .iter()
+            .filter_map(|r| serde_json::to_string(r).ok())
+            .collect();
+        (check(history), lines)
+    });
     std::fs::write(spec.root.join("history.jsonl"), lines.join("\n"))?;
     let power_loss_dropped_bytes = cluster
         .ids()
@@ -148,7 +150,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
     Ok(RunResult {
         schedule: spec.schedule.name(),
         rounds: spec.rounds,
-        report: check(&history),
+        report,
         digest_mismatches,
         drained,
         schedule_failures,

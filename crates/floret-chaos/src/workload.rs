@@ -203,25 +203,26 @@ impl Drop for Workload {
 /// Whether every acknowledged attempt has a delivery in the history so far
 /// (a delivery may be recorded before its producer heard the ack).
 fn every_acknowledged_delivered(recorder: &Recorder) -> bool {
-    let history = recorder.history();
-    let mut acknowledged = Vec::new();
-    let mut delivered = std::collections::HashSet::new();
-    for record in &history {
-        match &record.event {
-            Event::Completed {
-                id,
-                outcome: Outcome::Acknowledged { .. },
-            } => acknowledged.push(*id),
-            Event::Delivered {
-                payload: Payload::Intact(id),
-                ..
-            } => {
-                delivered.insert(*id);
+    recorder.read(|history| {
+        let mut acknowledged = Vec::new();
+        let mut delivered = std::collections::HashSet::new();
+        for record in history {
+            match &record.event {
+                Event::Completed {
+                    id,
+                    outcome: Outcome::Acknowledged { .. },
+                } => acknowledged.push(*id),
+                Event::Delivered {
+                    payload: Payload::Intact(id),
+                    ..
+                } => {
+                    delivered.insert(*id);
+                }
+                _ => {}
             }
-            _ => {}
         }
-    }
-    acknowledged.iter().all(|id| delivered.contains(id))
+        acknowledged.iter().all(|id| delivered.contains(id))
+    })
 }
 
 /// Waits `pause` or until `stop` turns true; true when it did.

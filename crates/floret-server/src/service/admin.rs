@@ -25,8 +25,8 @@ use std::time::Duration;
 use floret_cluster::{Shards, View};
 use floret_proto::v1;
 use floret_store::{NodeId, ProducerEntry};
-use tonic::transport::Channel;
 use tokio::sync::watch;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
