@@ -106,11 +106,14 @@ async fn measure_shares(client: &Client, producers: &[String]) -> Vec<f64> {
         .collect()
 }
 
-/// Starts three nodes, backlogs one producer on one node's shards and nine
-/// on another's, consumes through the third; returns the shares (lone
-/// producer first) and the name of the lone producer.
-async fn uneven_placement_shares(
+/// Starts three nodes (8 shards, `extra_args`), backlogs `count` producers
+/// named `prefix-…` on the shards each `(node, count, prefix)` of `placement`
+/// leads, and consumes through node `consumer`; returns the shares (in
+/// placement order), the producers, and the queue statistics after.
+async fn placed_shares(
     extra_args: &[&str],
+    placement: &[(u64, usize, &str)],
+    consumer: u64,
 ) -> (Vec<f64>, Vec<String>, floret_client::QueueStatsResponse) {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["--shards", "8"];
@@ -118,12 +121,13 @@ async fn uneven_placement_shares(
     let cluster = Cluster::start(dir.path(), 3, &args);
     cluster.wait_for_preferred_leaders(1).await;
     let leaders = leaders(&cluster, 1).await;
-    let lone = producers_led_by(&leaders, 1, 1, "lone");
-    let crowd = producers_led_by(&leaders, 2, 9, "crowd");
-    backlog(&cluster.client(1), &lone).await;
-    backlog(&cluster.client(2), &crowd).await;
-    let producers: Vec<String> = lone.iter().chain(&crowd).cloned().collect();
-    let shares = measure_shares(&cluster.client(3), &producers).await;
+    let mut producers = Vec::new();
+    for &(node, count, prefix) in placement {
+        let placed = producers_led_by(&leaders, node, count, prefix);
+        backlog(&cluster.client(node), &placed).await;
+        producers.extend(placed);
+    }
+    let shares = measure_shares(&cluster.client(consumer), &producers).await;
     assert_eq!(
         self::leaders(&cluster, 1).await,
         leaders,
@@ -131,6 +135,13 @@ async fn uneven_placement_shares(
     );
     let stats = cluster.client(1).queue_stats("default").await.unwrap();
     (shares, producers, stats)
+}
+
+/// One producer on node 1's shards, nine on node 2's, consumed through node 3.
+async fn uneven_placement_shares(
+    extra_args: &[&str],
+) -> (Vec<f64>, Vec<String>, floret_client::QueueStatsResponse) {
+    placed_shares(extra_args, &[(1, 1, "lone"), (2, 9, "crowd")], 3).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,16 +308,7 @@ async fn consumer_with_one_credit_stalls_when_the_backlog_sits_on_one_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_node_over_serves_its_own_producers() {
     let _one = one_cluster_at_a_time().await;
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(dir.path(), 3, &["--shards", "8"]);
-    cluster.wait_for_preferred_leaders(1).await;
-    let leaders = leaders(&cluster, 1).await;
-    let remote = producers_led_by(&leaders, 1, 4, "remote");
-    let local = producers_led_by(&leaders, 3, 2, "local");
-    backlog(&cluster.client(1), &remote).await;
-    backlog(&cluster.client(3), &local).await;
-    let producers: Vec<String> = remote.iter().chain(&local).cloned().collect();
-    let shares = measure_shares(&cluster.client(3), &producers).await;
+    let (shares, _, _) = placed_shares(&[], &[(1, 4, "remote"), (3, 2, "local")], 3).await;
     let index = jain(&shares);
     eprintln!("consumer on the node of 2 of 6 producers: Jain {index:.3}, shares {shares:.3?}");
     assert!(index >= 0.98, "Jain {index:.3}, shares {shares:.3?}");
