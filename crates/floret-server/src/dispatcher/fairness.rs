@@ -63,14 +63,26 @@ impl<K: Hash + Eq + Clone> FairnessWindow<K> {
             });
         }
         let bucket = self.buckets.back_mut().expect("pushed above");
-        *bucket.deliveries.entry(producer.clone()).or_insert(0) += 1;
+        match bucket.deliveries.get_mut(producer) {
+            Some(count) => *count += 1,
+            None => {
+                bucket.deliveries.insert(producer.clone(), 1);
+            }
+        }
         self.expire(now_second);
         if let Some(dwell) = dwell_ms {
-            let samples = self.dwell_ms.entry(producer.clone()).or_default();
-            if samples.len() == DWELL_SAMPLES {
-                samples.pop_front();
+            match self.dwell_ms.get_mut(producer) {
+                Some(samples) => {
+                    if samples.len() == DWELL_SAMPLES {
+                        samples.pop_front();
+                    }
+                    samples.push_back(dwell);
+                }
+                None => {
+                    self.dwell_ms
+                        .insert(producer.clone(), VecDeque::from([dwell]));
+                }
             }
-            samples.push_back(dwell);
         }
     }
 
