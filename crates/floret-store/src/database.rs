@@ -117,7 +117,7 @@ impl Database {
         let created = check_marker(dir)?;
         let sled_dir = dir.join("sled");
         #[cfg(feature = "failpoints")]
-        crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir)
+        let power_lost = crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir)
             .map_err(io_error)?;
         let db = sled::Config::new()
             .cache_capacity(cache_bytes)
@@ -138,6 +138,10 @@ impl Database {
         let state_machines =
             StateMachineDurability::new(db.clone(), &sled_dir).map_err(io_error)?;
         let wal = Arc::new(Wal::open(&dir.join("raft-log")).map_err(io_error)?);
+        #[cfg(feature = "failpoints")]
+        if power_lost {
+            crate::failpoints::check_power_loss_sound(&wal).map_err(io_error)?;
+        }
         let log = wal.clone();
         let (flusher, flusher_thread) = Flusher::start(move || log.sync()).map_err(io_error)?;
         Ok(Self {

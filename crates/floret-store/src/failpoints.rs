@@ -80,15 +80,16 @@ pub(crate) fn record_synced(dir: &Path, segment: u64, len: u64) -> std::io::Resu
 /// Emulates a power failure on the data dir `data_dir` (raft log in
 /// `log_dir`, sled in `sled_dir`) when `power-loss-on-open` fires: drops the
 /// log past the last completed sync and the unsynced state machines.
-/// Returns the bytes of log dropped.
+/// Returns whether it did; the caller must then refuse a log with a purge
+/// (see [`check_power_loss_sound`]).
 #[cfg(feature = "failpoints")]
-pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Result<u64> {
+pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Result<bool> {
     use std::io::{Error, ErrorKind};
     if !fires("power-loss-on-open") {
-        return Ok(0);
+        return Ok(false);
     }
     let Ok(bytes) = std::fs::read(log_dir.join(SYNCED_UPTO_FILE)) else {
-        return Ok(0);
+        return Ok(false);
     };
     let field = |at: usize| -> std::io::Result<u64> {
         let raw: [u8; 8] = bytes
@@ -121,11 +122,6 @@ pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Re
                 .set_len(synced_len)?;
         }
     }
-    if crate::wal::Wal::open(log_dir)?.has_purged() {
-        return Err(Error::other(
-            "power-loss emulation needs a log that was never purged (space snapshots further apart)",
-        ));
-    }
     if sled_dir.exists() {
         std::fs::remove_dir_all(sled_dir)?;
     }
@@ -133,5 +129,17 @@ pub(crate) fn emulate_power_loss(log_dir: &Path, sled_dir: &Path) -> std::io::Re
         dropped_log_bytes = dropped,
         "emulated power loss: dropped the unsynced raft log and the state machines"
     );
-    Ok(dropped)
+    Ok(true)
+}
+
+/// After an emulated power loss, the opened log `wal` must never have been
+/// purged: the state machines it dropped were built from the purged part.
+#[cfg(feature = "failpoints")]
+pub(crate) fn check_power_loss_sound(wal: &crate::wal::Wal) -> std::io::Result<()> {
+    if wal.has_purged() {
+        return Err(std::io::Error::other(
+            "power-loss emulation needs a log that was never purged (space snapshots further apart)",
+        ));
+    }
+    Ok(())
 }
