@@ -19,7 +19,12 @@ use floret_chaos::{RunResult, RunSpec, Schedule, run};
 /// One cluster at a time: two on two cores would starve each other's heartbeats.
 static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn run_schedule(schedule: Schedule, rounds: u32, start_failpoints: &str) -> RunResult {
+async fn run_schedule(
+    schedule: Schedule,
+    rounds: u32,
+    start_failpoints: &str,
+    workload: WorkloadSpec,
+) -> RunResult {
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().expect("temp dir");
     let result = run(RunSpec {
@@ -27,7 +32,7 @@ async fn run_schedule(schedule: Schedule, rounds: u32, start_failpoints: &str) -
         rounds,
         binary: env!("CARGO_BIN_EXE_floret").into(),
         root: root.path().to_path_buf(),
-        workload: WorkloadSpec::default(),
+        workload,
         start_failpoints: start_failpoints.to_owned(),
         load_between_faults: Duration::from_secs(1),
     })
@@ -59,7 +64,7 @@ async fn run_schedule(schedule: Schedule, rounds: u32, start_failpoints: &str) -
 }
 
 async fn passes(schedule: Schedule, rounds: u32) {
-    let result = run_schedule(schedule, rounds, "").await;
+    let result = run_schedule(schedule, rounds, "", WorkloadSpec::default()).await;
     assert!(
         result.problems().is_empty(),
         "{}: {:#?}",
@@ -134,7 +139,7 @@ async fn crash_between_log_append_commit_apply_and_reply_loses_messages() {
     ignore = "needs floret built with --features failpoints"
 )]
 async fn produce_acknowledged_before_its_fdatasync_is_lost_in_a_power_failure() {
-    let result = run_schedule(Schedule::PowerLoss, 2, "").await;
+    let result = run_schedule(Schedule::PowerLoss, 2, "", WorkloadSpec::default()).await;
     assert!(result.problems().is_empty(), "{:#?}", result.problems());
     assert!(
         result.power_loss_dropped_bytes > 0,
@@ -148,7 +153,20 @@ async fn produce_acknowledged_before_its_fdatasync_is_lost_in_a_power_failure() 
     ignore = "needs floret built with --features failpoints"
 )]
 async fn checker_reports_loss_when_the_log_acknowledges_without_syncing() {
-    let result = run_schedule(Schedule::PowerLoss, 1, "wal-skip-sync=return").await;
+    // Consumers far slower than the producers, so acknowledged messages are
+    // still queued when the power goes (else they were all delivered before
+    // and nothing acknowledged could be lost).
+    let slow_consumers = WorkloadSpec {
+        capped_consume_rate: 10,
+        ..WorkloadSpec::default()
+    };
+    let result = run_schedule(
+        Schedule::PowerLoss,
+        1,
+        "wal-skip-sync=return",
+        slow_consumers,
+    )
+    .await;
     assert!(
         !result.report.lost.is_empty(),
         "a log that never syncs lost nothing in a power failure: the emulation or the checker is blind; {:#?}",
@@ -162,7 +180,13 @@ async fn checker_reports_loss_when_the_log_acknowledges_without_syncing() {
     ignore = "needs floret built with --features failpoints"
 )]
 async fn checker_reports_loss_when_nodes_drop_applied_entries() {
-    let result = run_schedule(Schedule::KillConsumer, 1, "apply-drop-enqueue=5*return").await;
+    let result = run_schedule(
+        Schedule::KillConsumer,
+        1,
+        "apply-drop-enqueue=5*return",
+        WorkloadSpec::default(),
+    )
+    .await;
     assert!(
         !result.report.lost.is_empty(),
         "nodes that drop applied entries lost nothing: the checker is blind; {:#?}",
