@@ -172,7 +172,6 @@ impl Schedule {
                 fault(format!("isolate leader {leader}"), true);
                 cluster.isolate(leader);
                 tokio::time::sleep(DEPOSE_HOLD).await;
-                cluster.heal().await?;
             }
             Schedule::PartitionOneWay => {
                 fault(format!("cut leader {leader} -> others"), true);
@@ -180,7 +179,6 @@ impl Schedule {
                     cluster.set_cut(leader, other, true);
                 }
                 tokio::time::sleep(DEPOSE_HOLD).await;
-                cluster.heal().await?;
             }
             Schedule::KillConsumer => {
                 let index = round as usize % workload.consumer_count();
