@@ -72,10 +72,11 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         if sequences.is_empty() {
             return;
         }
-        let weight = self.weight_of(producer);
-        let (id, slot) = self
-            .slots
-            .get_or_insert_with(producer, || ProducerSlot::new(producer.clone(), weight));
+        let (weights, default_weight) = (&self.weights, self.config.default_weight);
+        let (id, slot) = self.slots.get_or_insert_with(producer, || {
+            let weight = weights.get(producer).copied().unwrap_or(default_weight);
+            ProducerSlot::new(producer.clone(), weight)
+        });
         let added = slot.extend(sequences);
         self.ready += added;
         if added > 0 && !slot.in_ring {
