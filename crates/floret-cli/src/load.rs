@@ -7,12 +7,18 @@
 //! through the client's [`floret_client::Producer`], which retries with the
 //! same idempotency sequence: the run rides out a leader failover, and the
 //! longest request latency shows how long the failover stalled a producer.
+//!
+//! `floret bench throughput` and `scale` drive it too: with a `deadline` no
+//! batch starts after it, and `counters` shows the messages acknowledged so
+//! far on the progress line.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floret_client::{Client, Message};
+
+use crate::bench::{Counters, Percentiles};
 
 /// What to generate.
 pub struct LoadSpec {
@@ -24,15 +30,20 @@ pub struct LoadSpec {
     pub batch: usize,
     pub concurrency: usize,
     pub idempotent: bool,
+    /// No batch starts after this.
+    pub deadline: Option<Instant>,
+    /// Acknowledged messages are counted here as they are acknowledged.
+    pub counters: Arc<Counters>,
 }
 
 /// What a load run measured.
 pub struct LoadReport {
-    messages: u64,
-    bytes: u64,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-    failures: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    /// Produce request latencies.
+    pub latency: Percentiles,
+    pub failures: u64,
 }
 
 pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadReport> {
@@ -58,6 +69,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
         let queue = spec.queue.clone();
         let prefix = spec.producer_prefix.clone();
         let (count, batch, producers) = (spec.count, spec.batch as u64, spec.producers as u64);
+        let (deadline, counters) = (spec.deadline, spec.counters.clone());
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut sent = 0u64;
@@ -65,7 +77,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
             let mut turn = 0usize;
             loop {
                 let index = next_batch.fetch_add(1, Ordering::Relaxed);
-                if index >= batches {
+                if index >= batches || deadline.is_some_and(|d| Instant::now() >= d) {
                     break;
                 }
                 let in_batch = batch.min(count - index * batch);
@@ -88,6 +100,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     Ok(_) => {
                         latencies.push(sent_at.elapsed());
                         sent += in_batch;
+                        counters.produced.fetch_add(in_batch, Ordering::Relaxed);
                     }
                     Err(error) => {
                         failures += 1;
@@ -99,47 +112,33 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
             (latencies, sent, failures)
         }));
     }
-    let mut report = LoadReport {
-        messages: 0,
-        bytes: 0,
-        elapsed: Duration::ZERO,
-        latencies: Vec::new(),
-        failures: 0,
-    };
+    let (mut messages, mut failures, mut latencies) = (0, 0, Vec::new());
     for worker in workers {
-        let (latencies, sent, failures) = worker.await?;
-        report.latencies.extend(latencies);
-        report.messages += sent;
-        report.failures += failures;
+        let (worker_latencies, sent, worker_failures) = worker.await?;
+        latencies.extend(worker_latencies);
+        messages += sent;
+        failures += worker_failures;
     }
-    report.elapsed = started.elapsed();
-    report.bytes = report.messages * spec.size as u64;
-    report.latencies.sort();
-    Ok(report)
+    Ok(LoadReport {
+        messages,
+        bytes: messages * spec.size as u64,
+        elapsed: started.elapsed(),
+        latency: Percentiles::of(latencies),
+        failures,
+    })
 }
 
 impl LoadReport {
-    fn percentile(&self, fraction: f64) -> Duration {
-        if self.latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let index = ((self.latencies.len() as f64 * fraction).ceil() as usize)
-            .clamp(1, self.latencies.len())
-            - 1;
-        self.latencies[index]
+    /// Acknowledged messages per second.
+    pub fn rate(&self) -> f64 {
+        self.messages as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }
 
     pub fn print(&self, json: bool) {
         let seconds = self.elapsed.as_secs_f64().max(f64::EPSILON);
-        let rate = self.messages as f64 / seconds;
+        let rate = self.rate();
         let mb_per_second = self.bytes as f64 / seconds / 1e6;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let (p50, p99, p999) = (
-            self.percentile(0.50),
-            self.percentile(0.99),
-            self.percentile(0.999),
-        );
-        let max = self.latencies.last().copied().unwrap_or_default();
+        let latency = &self.latency;
         if json {
             println!(
                 "{}",
@@ -149,17 +148,17 @@ impl LoadReport {
                     "seconds": seconds,
                     "messages_per_second": rate,
                     "megabytes_per_second": mb_per_second,
-                    "latency_ms": {"p50": ms(p50), "p99": ms(p99), "p999": ms(p999), "max": ms(max)},
+                    "latency_ms": {"p50": latency.p50_ms, "p99": latency.p99_ms, "p999": latency.p999_ms, "max": latency.max_ms},
                 })
             );
         } else {
             println!(
                 "produced {} messages in {seconds:.2} s: {rate:.0} msg/s, {mb_per_second:.2} MB/s; request latency p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms; {} failed requests",
                 self.messages,
-                ms(p50),
-                ms(p99),
-                ms(p999),
-                ms(max),
+                latency.p50_ms,
+                latency.p99_ms,
+                latency.p999_ms,
+                latency.max_ms,
                 self.failures
             );
         }

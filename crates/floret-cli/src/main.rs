@@ -1,9 +1,7 @@
 //! The `floret` binary: run a node (`serve`) or a local cluster (`dev`), and
-//! talk to one (`produce`, `consume`, `status`).
-//!
-//! IMPLEMENTATION CAVEATS
-//! - `bench` comes with the benchmark issue.
+//! talk to one (`produce`, `consume`, `status`), or measure one (`bench`).
 
+mod bench;
 mod consume;
 mod dev;
 mod load;
@@ -39,6 +37,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the cluster's shards and the queues' statistics.
     Status(status::StatusArgs),
+    /// Measure a running floret: noisy-neighbor, throughput, scale.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -65,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             Command::Produce(args) => produce::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
         }
     })
 }

@@ -62,6 +62,8 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             batch: args.batch.max(1),
             concurrency: args.concurrency.max(1),
             idempotent: args.idempotent,
+            deadline: None,
+            counters: Default::default(),
         };
         let report = load::produce(&client, &spec).await?;
         report.print(args.json);

@@ -299,6 +299,14 @@ fn merge_queue_stats(answers: Vec<v1::QueueStatsResponse>) -> v1::QueueStatsResp
     }
 }
 
+/// Resident memory of this process, from `/proc/self/status` (Linux only).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kibibytes * 1024)
+}
+
 /// How long the answering node waits for each peer's view.
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -332,6 +340,7 @@ impl AdminService {
                 address: self.address.clone(),
                 reachable: true,
                 shards_led,
+                resident_bytes: resident_bytes().unwrap_or(0),
                 ..Default::default()
             }],
             shards,

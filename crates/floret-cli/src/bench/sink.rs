@@ -1,0 +1,261 @@
+//! The shared sink of a benchmark: consumers that read, ack and return
+//! credits, together held to a total rate (the sink's capacity), recording
+//! when each delivery arrived.
+//!
+//! A capped consumer models a downstream that takes a fixed time per
+//! message: each delivery is "processed" one interval after the previous one
+//! (or on arrival, if later), and only then acked and its credit returned, so
+//! the server can never run ahead of the cap by more than the credit window.
+//! Arrival times are taken as the delivery is read off the stream, so the
+//! processing queue in the consumer does not count as latency.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A consumer that loses its stream ends; the run then reports fewer
+//!   deliveries rather than reconnecting.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use floret_client::{Client, ConsumerEvent};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::stamp;
+
+/// How long an ack may wait for more to batch with when the consumer is idle.
+const ACK_LINGER: Duration = Duration::from_millis(5);
+/// How long a stopping consumer waits for its last acks to be confirmed, so
+/// that the next run does not get this run's messages again.
+const FINAL_ACK_WAIT: Duration = Duration::from_secs(5);
+
+/// How the sink consumes.
+#[derive(Debug, Clone)]
+pub struct SinkSpec {
+    /// Nodes to connect the consumers to, in turn.
+    pub addresses: Vec<String>,
+    pub queue: String,
+    /// Only producers whose id starts with this are the run's own; other
+    /// deliveries are acked and not counted.
+    pub run_tag: String,
+    pub consumers: usize,
+    /// Total messages per second over all consumers; 0 is uncapped.
+    pub rate_cap: f64,
+    /// Credits each consumer grants at first, and keeps granted.
+    pub credits: u32,
+    /// Acks sent in one request (and credits returned with them).
+    pub ack_batch: usize,
+}
+
+/// One delivery as a consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The producer id without the run tag.
+    pub producer: String,
+    pub attempt: u32,
+    /// Arrival, from the start of the run.
+    pub at: Duration,
+    /// When the produce call of this message started, from the payload.
+    pub produced_at: Option<Duration>,
+
+    pub bytes: usize,
+}
+
+/// Live counts shared with the progress line and the stop condition.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub produced: AtomicU64,
+    pub produce_failures: AtomicU64,
+    pub first_deliveries: AtomicU64,
+    pub redeliveries: AtomicU64,
+}
+
+/// Running consumers; [`Sink::finish`] collects what they received.
+pub struct Sink {
+    consumers: Vec<JoinHandle<anyhow::Result<Vec<Received>>>>,
+    stop: watch::Sender<bool>,
+}
+
+impl Sink {
+    /// Starts `spec.consumers` consumers. They run until `first_deliveries`
+    /// in `counters` reaches the value sent on `target`, or until stopped.
+    pub fn start(
+        spec: &SinkSpec,
+        run_start: Instant,
+        counters: Arc<Counters>,
+        target: watch::Receiver<Option<u64>>,
+    ) -> anyhow::Result<Self> {
+        let (stop, stopped) = watch::channel(false);
+        let per_consumer_interval = if spec.rate_cap > 0.0 {
+            Duration::from_secs_f64(spec.consumers as f64 / spec.rate_cap)
+        } else {
+            Duration::ZERO
+        };
+        let mut consumers = Vec::with_capacity(spec.consumers);
+        for index in 0..spec.consumers {
+            let address = &spec.addresses[index % spec.addresses.len()];
+            let client = Client::connect_lazy(address)?;
+            let run = ConsumerRun {
+                client,
+                queue: spec.queue.clone(),
+                run_tag: spec.run_tag.clone(),
+                credits: spec.credits.max(1),
+                ack_batch: spec.ack_batch.max(1),
+                interval: per_consumer_interval,
+                run_start,
+                counters: counters.clone(),
+                target: target.clone(),
+                stopped: stopped.clone(),
+            };
+            consumers.push(tokio::spawn(run.run()));
+        }
+        Ok(Self { consumers, stop })
+    }
+
+    /// Stops the consumers (if they have not reached the target) and returns
+    /// every delivery they received.
+    pub async fn finish(self) -> anyhow::Result<Vec<Received>> {
+        self.stop.send_replace(true);
+        let mut received = Vec::new();
+        for consumer in self.consumers {
+            received.extend(consumer.await??);
+        }
+        Ok(received)
+    }
+
+    /// Waits until every consumer has ended on its own (target reached or
+    /// stream lost), or `deadline` passes; then stops and collects them.
+    pub async fn finish_by(self, deadline: Instant) -> anyhow::Result<Vec<Received>> {
+        let all_done = async {
+            for consumer in &self.consumers {
+                while !consumer.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline.into(), all_done).await;
+        self.finish().await
+    }
+}
+
+struct ConsumerRun {
+    client: Client,
+    queue: String,
+    run_tag: String,
+    credits: u32,
+    ack_batch: usize,
+    interval: Duration,
+    run_start: Instant,
+    counters: Arc<Counters>,
+    target: watch::Receiver<Option<u64>>,
+    stopped: watch::Receiver<bool>,
+}
+
+impl ConsumerRun {
+    fn reached_target(&self) -> bool {
+        self.target
+            .borrow()
+            .is_some_and(|target| self.counters.first_deliveries.load(Ordering::Relaxed) >= target)
+    }
+
+    async fn run(mut self) -> anyhow::Result<Vec<Received>> {
+        let mut consumer = self.client.consume(&self.queue, self.credits).await?;
+        let mut received = Vec::new();
+        // Deliveries waiting for their processing slot, with that slot.
+        let mut processing: VecDeque<(Instant, String)> = VecDeque::new();
+        let mut next_free_slot = Instant::now();
+        let mut to_ack: Vec<String> = Vec::with_capacity(self.ack_batch);
+        let mut ack_by: Option<Instant> = None;
+        let mut unsettled = 0usize;
+        loop {
+            if *self.stopped.borrow() || self.reached_target() {
+                break;
+            }
+            let now = Instant::now();
+            while processing.front().is_some_and(|(slot, _)| *slot <= now) {
+                let (_, id) = processing.pop_front().expect("checked above");
+                to_ack.push(id);
+                ack_by.get_or_insert(now + ACK_LINGER);
+            }
+            if to_ack.len() >= self.ack_batch || ack_by.is_some_and(|by| by <= now) {
+                let count = to_ack.len();
+                unsettled += count;
+                consumer.ack(std::mem::take(&mut to_ack)).await?;
+                consumer.credit(count as u32).await?;
+                ack_by = None;
+            }
+            let wake = processing
+                .front()
+                .map(|(slot, _)| *slot)
+                .into_iter()
+                .chain(ack_by)
+                .min();
+            tokio::select! {
+                changed = self.stopped.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                changed = self.target.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                () = sleep_until_or_forever(wake) => {}
+                event = consumer.next() => match event? {
+                    Some(ConsumerEvent::Delivery(delivery)) => {
+                        let arrived = Instant::now();
+                        if let Some(producer) = delivery.producer_id.strip_prefix(&self.run_tag) {
+                            if delivery.attempt == 1 {
+                                self.counters.first_deliveries.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                self.counters.redeliveries.fetch_add(1, Ordering::Relaxed);
+                            }
+                            received.push(Received {
+                                producer: producer.to_owned(),
+                                attempt: delivery.attempt,
+                                at: arrived - self.run_start,
+                                produced_at: stamp::read(&delivery.payload),
+                                bytes: delivery.payload.len(),
+                            });
+                        }
+                        let slot = next_free_slot.max(arrived);
+                        next_free_slot = slot + self.interval;
+                        processing.push_back((slot, delivery.delivery_id));
+                    }
+                    Some(ConsumerEvent::Settled(outcomes)) => {
+                        unsettled = unsettled.saturating_sub(outcomes.len());
+                    }
+                    None => return Ok(received),
+                },
+            }
+        }
+        to_ack.extend(processing.into_iter().map(|(_, id)| id));
+        let deadline = Instant::now() + FINAL_ACK_WAIT;
+        loop {
+            if !to_ack.is_empty() {
+                unsettled += to_ack.len();
+                consumer.ack(std::mem::take(&mut to_ack)).await?;
+            }
+            if unsettled == 0 {
+                break;
+            }
+            match tokio::time::timeout_at(deadline.into(), consumer.next()).await {
+                Ok(Ok(Some(ConsumerEvent::Settled(outcomes)))) => {
+                    unsettled = unsettled.saturating_sub(outcomes.len());
+                }
+                Ok(Ok(Some(ConsumerEvent::Delivery(late)))) => to_ack.push(late.delivery_id),
+                _ => break,
+            }
+        }
+        Ok(received)
+    }
+}
+
+async fn sleep_until_or_forever(wake: Option<Instant>) {
+    match wake {
+        Some(wake) => tokio::time::sleep_until(wake.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,278 @@
+//! The arithmetic of a benchmark report: latency percentiles, deliveries per
+//! producer per one-second window, which producers stayed backlogged through
+//! a window, and Jain's fairness index over them.
+//!
+//! Pure functions over recorded events, unit-tested here; the scenarios
+//! record, this module reads.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Width of a fairness window.
+pub const WINDOW: Duration = Duration::from_secs(1);
+
+/// Latency percentiles of one group of messages, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `latencies` (sorted here).
+    pub fn of(mut latencies: Vec<Duration>) -> Self {
+        latencies.sort_unstable();
+        let rank = |fraction: f64| -> f64 {
+            if latencies.is_empty() {
+                return 0.0;
+            }
+            let index =
+                ((latencies.len() as f64 * fraction).ceil() as usize).clamp(1, latencies.len()) - 1;
+            latencies[index].as_secs_f64() * 1e3
+        };
+        Self {
+            count: latencies.len(),
+            p50_ms: rank(0.50),
+            p99_ms: rank(0.99),
+            p999_ms: rank(0.999),
+            max_ms: rank(1.0),
+        }
+    }
+}
+
+/// Jain's fairness index of `shares`: 1 when all are equal, 1/n when one
+/// producer takes everything. 1 for an empty or all-zero set.
+pub fn jain(shares: &[f64]) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let squares: f64 = shares.iter().map(|share| share * share).sum();
+    if shares.is_empty() || squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (shares.len() as f64 * squares)
+}
+
+/// What happened to one producer's messages, as offsets from the run's start.
+#[derive(Debug, Clone, Default)]
+pub struct ProducerTimeline {
+    /// When produce calls were acknowledged, with how many messages each.
+    pub acknowledged: Vec<(Duration, u64)>,
+    /// When each message was first delivered.
+    pub delivered: Vec<Duration>,
+}
+
+impl ProducerTimeline {
+    /// Whether the producer had acknowledged messages waiting for their first
+    /// delivery at every moment of `[start, start + WINDOW)`. A message
+    /// delivered before its acknowledgement reached the client counts as
+    /// never waiting, so the answer errs towards "not backlogged".
+    pub fn backlogged_through(&self, start: Duration) -> bool {
+        let end = start + WINDOW;
+        let mut events: Vec<(Duration, i64)> = self
+            .acknowledged
+            .iter()
+            .filter(|(at, _)| *at < end)
+            .map(|&(at, count)| (at, count as i64))
+            .chain(
+                self.delivered
+                    .iter()
+                    .filter(|at| **at < end)
+                    .map(|&at| (at, -1)),
+            )
+            .collect();
+        // Deliveries first at equal times: an ack and a delivery at the same
+        // instant must not hide an empty queue.
+        events.sort_by_key(|&(at, change)| (at, change));
+        let mut waiting = 0i64;
+        let mut index = 0;
+        while index < events.len() && events[index].0 < start {
+            waiting += events[index].1;
+            index += 1;
+        }
+        if waiting <= 0 {
+            return false;
+        }
+        events[index..].iter().all(|&(_, change)| {
+            waiting += change;
+            waiting > 0
+        })
+    }
+
+    /// First deliveries in `[start, start + WINDOW)`.
+    pub fn delivered_in(&self, start: Duration) -> u64 {
+        let end = start + WINDOW;
+        self.delivered
+            .iter()
+            .filter(|at| **at >= start && **at < end)
+            .count() as u64
+    }
+}
+
+/// One window's fairness: each producer's deliveries, and Jain's index over
+/// those that stayed backlogged through it (weights are all 1).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WindowFairness {
+    pub start_s: u64,
+    pub deliveries: BTreeMap<String, u64>,
+    pub backlogged: Vec<String>,
+    pub jain_backlogged: f64,
+}
+
+/// Fairness of every whole window from the start up to `end`.
+pub fn windows(
+    timelines: &BTreeMap<String, ProducerTimeline>,
+    end: Duration,
+) -> Vec<WindowFairness> {
+    let whole_windows = end.as_secs();
+    (0..whole_windows)
+        .map(|second| {
+            let start = Duration::from_secs(second);
+            let deliveries: BTreeMap<String, u64> = timelines
+                .iter()
+                .map(|(producer, timeline)| (producer.clone(), timeline.delivered_in(start)))
+                .filter(|(_, count)| *count > 0)
+                .collect();
+            let backlogged: Vec<String> = timelines
+                .iter()
+                .filter(|(_, timeline)| timeline.backlogged_through(start))
+                .map(|(producer, _)| producer.clone())
+                .collect();
+            let shares: Vec<f64> = backlogged
+                .iter()
+                .map(|producer| deliveries.get(producer).copied().unwrap_or(0) as f64)
+                .collect();
+            WindowFairness {
+                start_s: second,
+                deliveries,
+                jain_backlogged: jain(&shares),
+                backlogged,
+            }
+        })
+        .collect()
+}
+
+/// Median and minimum of Jain's index over the windows in which at least two
+/// producers stayed backlogged (with one, the index is 1 by definition).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct FairnessSummary {
+    pub contested_windows: usize,
+    pub jain_median: f64,
+    pub jain_min: f64,
+}
+
+impl FairnessSummary {
+    pub fn of(windows: &[WindowFairness]) -> Self {
+        let mut indexes: Vec<f64> = windows
+            .iter()
+            .filter(|window| window.backlogged.len() >= 2)
+            .map(|window| window.jain_backlogged)
+            .collect();
+        if indexes.is_empty() {
+            return Self {
+                contested_windows: 0,
+                jain_median: 1.0,
+                jain_min: 1.0,
+            };
+        }
+        indexes.sort_by(f64::total_cmp);
+        Self {
+            contested_windows: indexes.len(),
+            jain_median: indexes[indexes.len() / 2],
+            jain_min: indexes[0],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(milliseconds: u64) -> Duration {
+        Duration::from_millis(milliseconds)
+    }
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_one_over_n_for_a_monopoly() {
+        assert!((jain(&[5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[9.0, 0.0, 0.0]) - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(jain(&[]), 1.0);
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let latencies = (1..=100).map(ms).collect();
+        let percentiles = Percentiles::of(latencies);
+        assert_eq!(percentiles.count, 100);
+        assert_eq!(percentiles.p50_ms, 50.0);
+        assert_eq!(percentiles.p99_ms, 99.0);
+        assert_eq!(percentiles.max_ms, 100.0);
+    }
+
+    #[test]
+    fn a_producer_whose_queue_empties_in_a_window_is_not_backlogged_through_it() {
+        let timeline = ProducerTimeline {
+            acknowledged: vec![(ms(100), 3)],
+            delivered: vec![ms(900), ms(1_200), ms(1_500)],
+        };
+        assert!(!timeline.backlogged_through(ms(0)), "nothing waits at 0");
+        assert!(
+            !timeline.backlogged_through(ms(1_000)),
+            "its last message leaves at 1.5 s"
+        );
+        let refilled = ProducerTimeline {
+            acknowledged: vec![(ms(100), 3), (ms(1_400), 5)],
+            ..timeline
+        };
+        assert!(refilled.backlogged_through(ms(1_000)));
+    }
+
+    #[test]
+    fn a_message_delivered_before_its_ack_arrived_does_not_count_as_waiting() {
+        let timeline = ProducerTimeline {
+            acknowledged: vec![(ms(1_500), 1)],
+            delivered: vec![ms(1_400)],
+        };
+        assert!(!timeline.backlogged_through(ms(1_000)));
+        assert!(!timeline.backlogged_through(ms(2_000)));
+    }
+
+    #[test]
+    fn jain_of_a_window_covers_only_the_backlogged_producers() {
+        let flood = |delivered: Vec<Duration>| ProducerTimeline {
+            acknowledged: vec![(ms(0), 1_000)],
+            delivered,
+        };
+        let timelines = BTreeMap::from([
+            (
+                "a".to_owned(),
+                flood((0..10).map(|i| ms(1_000 + i * 90)).collect()),
+            ),
+            (
+                "b".to_owned(),
+                flood((0..30).map(|i| ms(1_000 + i * 30)).collect()),
+            ),
+            (
+                "quiet".to_owned(),
+                ProducerTimeline {
+                    acknowledged: vec![(ms(1_100), 1)],
+                    delivered: vec![ms(1_101)],
+                },
+            ),
+        ]);
+        let windows = windows(&timelines, ms(2_000));
+        assert_eq!(windows.len(), 2);
+        let second = &windows[1];
+        assert_eq!(second.backlogged, ["a", "b"]);
+        assert_eq!(second.deliveries["quiet"], 1);
+        assert!((second.jain_backlogged - jain(&[10.0, 30.0])).abs() < 1e-12);
+        assert!(
+            windows[0].backlogged.is_empty(),
+            "nothing was waiting before the first ack"
+        );
+        let summary = FairnessSummary::of(&windows);
+        assert_eq!(summary.contested_windows, 1);
+        assert!((summary.jain_min - 0.8).abs() < 1e-12);
+    }
+}
