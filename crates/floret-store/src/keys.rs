@@ -13,6 +13,8 @@
 
 /// Key of the applied state record.
 pub const APPLIED: &[u8] = b"A";
+/// Key of the redo record of an apply being written (see `ChangeSet`).
+pub const REDO: &[u8] = b"R";
 /// First byte of every producer record key.
 pub const PRODUCER_TAG: u8 = b'P';
 /// First byte of every message key.

@@ -18,6 +18,7 @@
     reason = "openraft's storage traits return its StorageError; helpers feeding them return it too"
 )]
 
+mod change_set;
 mod database;
 mod durability;
 pub mod failpoints;

@@ -1,6 +1,6 @@
 //! openraft's state machine for one shard: per-producer queues in one sled
-//! tree, so each `apply` call is one atomic batch (messages, producer
-//! records, last applied log id and membership together).
+//! tree, so each `apply` call is one crash-atomic [`ChangeSet`] (messages,
+//! producer records, last applied log id and membership together).
 //!
 //! Applying is deterministic: the leader chose the commit time, and the only
 //! replies are computed from the replicated state. A sled error is not
@@ -24,6 +24,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
 use std::sync::Arc;
 
+use crate::change_set::{ChangeSet, ChangeSetError};
 use crate::keys;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducedBatch, ProducerRecord, StoredMessageRef, encode};
@@ -75,9 +76,20 @@ impl StateMachine {
         snapshot_dir: &Path,
         events: Option<AppliedListener>,
     ) -> Result<Self, sled::Error> {
+        let tree = db.open_tree(format!("shard-{shard}.sm"))?;
+        let completed = ChangeSet::recover(&tree).map_err(|error| match error {
+            ChangeSetError::Sled(error) => error,
+            redo => sled::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                redo.to_string(),
+            )),
+        })?;
+        if completed {
+            tracing::info!(shard, "completed an apply a crash interrupted");
+        }
         Ok(Self {
             shard,
-            reader: ShardReader::new(db.open_tree(format!("shard-{shard}.sm"))?),
+            reader: ShardReader::new(tree),
             snapshot_file: SnapshotFile::new(snapshot_dir, shard),
             events,
         })
@@ -98,7 +110,7 @@ impl StateMachine {
 /// Changes of one `apply` call, gathered before they are written as one batch.
 struct PendingApply<'a> {
     tree: &'a sled::Tree,
-    batch: sled::Batch,
+    changes: ChangeSet,
     producers: HashMap<Vec<u8>, ProducerRecord>,
     /// Messages written earlier in this same apply (a restart re-applies enqueue and ack together), with their value size.
     inserted: HashMap<Vec<u8>, u64>,
@@ -109,7 +121,7 @@ impl<'a> PendingApply<'a> {
     fn new(tree: &'a sled::Tree) -> Self {
         Self {
             tree,
-            batch: sled::Batch::default(),
+            changes: ChangeSet::default(),
             producers: HashMap::new(),
             inserted: HashMap::new(),
             removed: HashSet::new(),
@@ -185,7 +197,7 @@ impl<'a> PendingApply<'a> {
         for (sequence, value) in (first_sequence..).zip(values) {
             let key = keys::message(&enqueue.queue, &enqueue.producer, sequence);
             self.inserted.insert(key.clone(), value.len() as u64);
-            self.batch.insert(key, value);
+            self.changes.insert(key, value);
         }
         events.push(AppliedEvent::Enqueued {
             shard,
@@ -225,7 +237,7 @@ impl<'a> PendingApply<'a> {
             if record.head == message.sequence {
                 record.head += 1;
             }
-            self.batch.remove(key.clone());
+            self.changes.remove(key.clone());
             self.removed.insert(key);
             count += 1;
         }
@@ -234,11 +246,11 @@ impl<'a> PendingApply<'a> {
 
     fn commit(mut self, applied: &AppliedState) -> Result<(), StorageError> {
         for (key, record) in self.producers {
-            self.batch.insert(key, encode(&record));
+            self.changes.insert(key, encode(&record));
         }
-        self.batch.insert(keys::APPLIED, encode(applied));
-        self.tree
-            .apply_batch(self.batch)
+        self.changes.insert(keys::APPLIED.to_vec(), encode(applied));
+        self.changes
+            .write(self.tree)
             .map_err(storage_error::write_state_machine)
     }
 }
