@@ -11,6 +11,11 @@ mod status;
 
 use clap::{Parser, Subcommand};
 
+/// sled and the gRPC stack allocate per message; mimalloc serves that from
+/// per-thread pages instead of glibc's locked arenas.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Default address of a local node.
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7701";
 
