@@ -57,9 +57,10 @@ pub struct CommonArgs {
     /// consumers connect to them in turn.
     #[arg(long, default_value = DEFAULT_ADDRESS)]
     addr: String,
-    /// Queue to use.
-    #[arg(long, default_value = "bench")]
-    queue: String,
+    /// Queue to use; by default a new queue per run, so that no backlog of
+    /// an earlier run takes a share of the sink.
+    #[arg(long)]
+    queue: Option<String>,
     /// Write the results as JSON to this file (`-` for stdout).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -73,6 +74,13 @@ impl CommonArgs {
             .filter(|address| !address.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The queue of a run tagged `run_tag` (see [`run_tag`]).
+    fn queue(&self, run_tag: &str) -> String {
+        self.queue
+            .clone()
+            .unwrap_or_else(|| format!("bench-{}", run_tag.trim_end_matches('-')))
     }
 
     /// Writes `report` where `--json` says, if it says.

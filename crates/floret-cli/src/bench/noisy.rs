@@ -105,10 +105,11 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let counters = Arc::new(Counters::default());
     let (target, target_seen) = watch::channel(None);
     let run_tag = super::run_tag("noisy");
+    let queue = args.common.queue(&run_tag);
     let sink = Sink::start(
         &SinkSpec {
             addresses,
-            queue: args.common.queue.clone(),
+            queue: queue.clone(),
             run_tag: run_tag.clone(),
             consumers: args.consumers.max(1),
             rate_cap: args.sink_rate,
@@ -129,6 +130,7 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
             tokio::spawn(quiet_producer(
                 client.clone(),
                 args.clone(),
+                queue.clone(),
                 (producer, tagged),
                 run_start,
                 counters.clone(),
@@ -148,6 +150,7 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
             flood_tasks.push(tokio::spawn(flood_worker(
                 client.clone(),
                 args.clone(),
+                queue.clone(),
                 (producer.clone(), tagged.clone()),
                 batches.clone(),
                 run_start,
@@ -198,6 +201,7 @@ type Names = (String, String);
 async fn flood_worker(
     client: Client,
     args: NoisyArgs,
+    queue: String,
     (producer, tagged): Names,
     batches_left: Arc<AtomicU64>,
     run_start: Instant,
@@ -220,7 +224,7 @@ async fn flood_worker(
         let count = messages.len() as u64;
         loop {
             match client
-                .produce(&args.common.queue, &tagged, messages.clone())
+                .produce(&queue, &tagged, messages.clone())
                 .await
             {
                 Ok(_) => {
@@ -242,6 +246,7 @@ async fn flood_worker(
 async fn quiet_producer(
     client: Client,
     args: NoisyArgs,
+    queue: String,
     (producer, tagged): Names,
     run_start: Instant,
     counters: Arc<Counters>,
@@ -259,7 +264,7 @@ async fn quiet_producer(
             headers: Default::default(),
         };
         match client
-            .produce(&args.common.queue, &tagged, vec![message])
+            .produce(&queue, &tagged, vec![message])
             .await
         {
             Ok(_) => {

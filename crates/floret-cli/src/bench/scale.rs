@@ -96,11 +96,12 @@ async fn run_step(
     let counters = Arc::new(Counters::default());
     let messages = (producers * args.backlog.max(1)) as u64;
     let run_tag = super::run_tag(&format!("scale{producers}"));
+    let queue = args.common.queue(&run_tag);
     let progress = Progress::start(run_start, counters.clone(), Some(messages));
     let fill = load::produce(
         client,
         &LoadSpec {
-            queue: args.common.queue.clone(),
+            queue: queue.clone(),
             producer_prefix: format!("{run_tag}producer"),
             count: messages,
             size: args.size,
@@ -119,7 +120,7 @@ async fn run_step(
     let sink = Sink::start(
         &SinkSpec {
             addresses: args.common.addresses(),
-            queue: args.common.queue.clone(),
+            queue: queue.clone(),
             run_tag,
             consumers: args.consumers.max(1),
             rate_cap: 0.0,

@@ -75,6 +75,8 @@ pub struct Counters {
 pub struct Sink {
     consumers: Vec<JoinHandle<anyhow::Result<Vec<Received>>>>,
     stop: watch::Sender<bool>,
+    counters: Arc<Counters>,
+    target: watch::Receiver<Option<u64>>,
 }
 
 impl Sink {
@@ -110,7 +112,12 @@ impl Sink {
             };
             consumers.push(tokio::spawn(run.run()));
         }
-        Ok(Self { consumers, stop })
+        Ok(Self {
+            consumers,
+            stop,
+            counters,
+            target,
+        })
     }
 
     /// Stops the consumers (if they have not reached the target) and returns
@@ -124,17 +131,23 @@ impl Sink {
         Ok(received)
     }
 
-    /// Waits until every consumer has ended on its own (target reached or
-    /// stream lost), or `deadline` passes; then stops and collects them.
+    /// Waits until the consumers together reached the target, or every one
+    /// has ended (stream lost), or `deadline` passes; then stops and
+    /// collects them. (A consumer waiting for its next delivery does not see
+    /// another one reach the target.)
     pub async fn finish_by(self, deadline: Instant) -> anyhow::Result<Vec<Received>> {
-        let all_done = async {
-            for consumer in &self.consumers {
-                while !consumer.is_finished() {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+        let done = async {
+            loop {
+                let reached = self.target.borrow().is_some_and(|target| {
+                    self.counters.first_deliveries.load(Ordering::Relaxed) >= target
+                });
+                if reached || self.consumers.iter().all(JoinHandle::is_finished) {
+                    return;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        let _ = tokio::time::timeout_at(deadline.into(), all_done).await;
+        let _ = tokio::time::timeout_at(deadline.into(), done).await;
         self.finish().await
     }
 }

@@ -71,10 +71,11 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     let counters = Arc::new(Counters::default());
     let (_target, never) = watch::channel(None);
     let run_tag = super::run_tag("throughput");
+    let queue = args.common.queue(&run_tag);
     let sink = if args.consumers > 0 {
         let spec = SinkSpec {
             addresses: args.common.addresses(),
-            queue: args.common.queue.clone(),
+            queue: queue.clone(),
             run_tag: run_tag.clone(),
             consumers: args.consumers,
             rate_cap: 0.0,
@@ -87,7 +88,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     };
     let progress = Progress::start(run_start, counters.clone(), None);
     let spec = LoadSpec {
-        queue: args.common.queue.clone(),
+        queue: queue.clone(),
         producer_prefix: format!("{run_tag}producer"),
         count: u64::MAX,
         size: args.size,

@@ -86,13 +86,27 @@ impl<K: Hash + Eq + Clone> FairnessWindow<K> {
         }
     }
 
+    /// Drops the buckets that left the window, and the dwell samples of
+    /// producers no remaining bucket names: a producer that went idle keeps
+    /// nothing here, whether or not anyone reads the figures.
     fn expire(&mut self, now_second: u64) {
         while self
             .buckets
             .front()
             .is_some_and(|b| b.second + WINDOW_SECONDS <= now_second)
         {
-            self.buckets.pop_front();
+            let Some(expired) = self.buckets.pop_front() else {
+                break;
+            };
+            for producer in expired.deliveries.keys() {
+                let still_delivered = self
+                    .buckets
+                    .iter()
+                    .any(|bucket| bucket.deliveries.contains_key(producer));
+                if !still_delivered {
+                    self.dwell_ms.remove(producer);
+                }
+            }
         }
     }
 
@@ -150,6 +164,21 @@ mod tests {
         assert!(!figures.contains_key(&a));
         assert_eq!(figures[&b].window_deliveries, 2);
         assert_eq!((figures[&b].dwell_p50_ms, figures[&b].dwell_p99_ms), (7, 7));
+    }
+
+    #[test]
+    fn idle_producer_dwell_samples_are_dropped_without_a_stats_read() {
+        let mut window = FairnessWindow::default();
+        let (idle, busy) = ("idle", "busy");
+        window.delivered(&idle, 100, Some(5));
+        window.delivered(&idle, 103, Some(6));
+        window.delivered(&busy, 105, Some(7));
+        assert_eq!(window.dwell_ms.len(), 2);
+        window.delivered(&busy, 112, Some(8));
+        assert!(window.dwell_ms.contains_key(&idle), "delivered at 103, still in the window");
+        window.delivered(&busy, 113, Some(9));
+        assert!(!window.dwell_ms.contains_key(&idle));
+        assert_eq!(window.dwell_ms[&busy].len(), 3);
     }
 
     #[test]
