@@ -223,10 +223,7 @@ async fn flood_worker(
             .collect();
         let count = messages.len() as u64;
         loop {
-            match client
-                .produce(&queue, &tagged, messages.clone())
-                .await
-            {
+            match client.produce(&queue, &tagged, messages.clone()).await {
                 Ok(_) => {
                     acks.push((run_start.elapsed(), count));
                     counters.produced.fetch_add(count, Ordering::Relaxed);
@@ -263,10 +260,7 @@ async fn quiet_producer(
             payload: stamp::payload(called_at, args.size),
             headers: Default::default(),
         };
-        match client
-            .produce(&queue, &tagged, vec![message])
-            .await
-        {
+        match client.produce(&queue, &tagged, vec![message]).await {
             Ok(_) => {
                 let acked_at = run_start.elapsed();
                 acks.push((acked_at, 1));

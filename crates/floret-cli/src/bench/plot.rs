@@ -131,10 +131,12 @@ fn draw_chart(svg: &mut String, chart: &Chart, top: f64) {
         (plot_top + plot_bottom) / 2.0,
         escape(&chart.value_label)
     );
-    let drawn = chart
-        .series
-        .iter()
-        .filter(|series| series.points.iter().any(|(_, value)| !chart.logarithmic || *value > 0.0));
+    let drawn = chart.series.iter().filter(|series| {
+        series
+            .points
+            .iter()
+            .any(|(_, value)| !chart.logarithmic || *value > 0.0)
+    });
     for (index, series) in drawn.enumerate() {
         let path: Vec<String> = series
             .points

@@ -175,7 +175,10 @@ mod tests {
         window.delivered(&busy, 105, Some(7));
         assert_eq!(window.dwell_ms.len(), 2);
         window.delivered(&busy, 112, Some(8));
-        assert!(window.dwell_ms.contains_key(&idle), "delivered at 103, still in the window");
+        assert!(
+            window.dwell_ms.contains_key(&idle),
+            "delivered at 103, still in the window"
+        );
         window.delivered(&busy, 113, Some(9));
         assert!(!window.dwell_ms.contains_key(&idle));
         assert_eq!(window.dwell_ms[&busy].len(), 3);
