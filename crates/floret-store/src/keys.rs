@@ -1,10 +1,11 @@
 //! Byte layout of the keys in a shard's state-machine tree.
 //!
-//! Everything of one shard lives in one sled tree so that one batch applies a
-//! raft entry atomically. Keys sort so that a range scan reads one producer's
+//! Everything of one shard lives in one sled tree so that one change set
+//! (see `change_set.rs`) applies a raft entry atomically. Keys sort so that a range scan reads one producer's
 //! backlog in sequence order:
 //!
 //! - `A` -> the applied state (last applied log id, membership);
+//! - `R` -> the redo record of an apply being written (none at rest);
 //! - `P` queue-len:u8 queue producer -> [`crate::records::ProducerRecord`];
 //! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> [`crate::records::StoredMessage`].
 //!

@@ -107,7 +107,7 @@ impl StateMachine {
     }
 }
 
-/// Changes of one `apply` call, gathered before they are written as one batch.
+/// Changes of one `apply` call, gathered before they are written as one change set.
 struct PendingApply<'a> {
     tree: &'a sled::Tree,
     changes: ChangeSet,
