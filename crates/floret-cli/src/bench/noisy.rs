@@ -93,6 +93,9 @@ struct NoisyReport {
     quiet_latency: Percentiles,
     /// Of the quiet latency, the produce call (until durable on a majority).
     quiet_produce_call: Percentiles,
+    /// The quiet producer with the highest p99, and that p99: a quiet
+    /// producer sharing a shard with the flood waits behind its entries.
+    quiet_worst_producer: Option<(String, f64)>,
     flood_latency: Percentiles,
     fairness: FairnessSummary,
     windows: Vec<stats::WindowFairness>,
@@ -295,6 +298,7 @@ fn analyse(
         })
         .collect();
     let (mut quiet_latencies, mut flood_latencies) = (Vec::new(), Vec::new());
+    let mut per_quiet_producer: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     let first: Vec<&Received> = received.iter().filter(|r| r.attempt == 1).collect();
     for delivery in &first {
         timelines
@@ -308,6 +312,10 @@ fn analyse(
                 flood_latencies.push(latency);
             } else {
                 quiet_latencies.push(latency);
+                per_quiet_producer
+                    .entry(delivery.producer.as_str())
+                    .or_default()
+                    .push(latency);
             }
         }
     }
@@ -335,6 +343,10 @@ fn analyse(
         not_delivered: produced.saturating_sub(first.len() as u64),
         failed_produce_calls: counters.produce_failures.load(Ordering::Relaxed),
         quiet_latency: Percentiles::of(quiet_latencies),
+        quiet_worst_producer: per_quiet_producer
+            .into_iter()
+            .map(|(producer, latencies)| (producer.to_owned(), Percentiles::of(latencies).p99_ms))
+            .max_by(|a, b| a.1.total_cmp(&b.1)),
         quiet_produce_call: Percentiles::of(quiet_calls),
         flood_latency: Percentiles::of(flood_latencies),
         fairness: FairnessSummary::of(&windows),
@@ -374,6 +386,9 @@ fn print_summary(report: &NoisyReport) {
     println!("end-to-end latency (produce call to delivery):");
     latency("quiet", &report.quiet_latency);
     latency("  call", &report.quiet_produce_call);
+    if let Some((producer, p99_ms)) = &report.quiet_worst_producer {
+        println!("  slowest quiet producer: {producer}, p99 {p99_ms:.1} ms");
+    }
     latency("flood", &report.flood_latency);
     println!(
         "fairness: Jain's index over backlogged producers, {} windows with 2 or more: median {:.3}, min {:.3}",
