@@ -329,18 +329,22 @@ impl Shards {
         tracing::info!(shard, leader_reached_us, "vote guard lifted");
     }
 
+    /// The shards whose vote guard is still up.
+    fn guarded_shards(&self) -> Vec<ShardId> {
+        self.vote_guard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
     /// Checks every guarded shard until none is left, so a shard nobody
     /// asks for a vote still campaigns again once a leader reached it or
     /// the guard expired.
     async fn release_vote_guards(&self) {
         loop {
-            let guarded: Vec<ShardId> = self
-                .vote_guard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .keys()
-                .copied()
-                .collect();
+            let guarded = self.guarded_shards();
             if guarded.is_empty() {
                 return;
             }
@@ -355,13 +359,7 @@ impl Shards {
     /// shard is decided. A shard no replica has is new (the cluster is being
     /// founded), so its guard goes; one that exists elsewhere keeps it.
     async fn lift_vote_guard_where_new(&self) {
-        let mut undecided: BTreeSet<ShardId> = self
-            .vote_guard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .keys()
-            .copied()
-            .collect();
+        let mut undecided: BTreeSet<ShardId> = self.guarded_shards().into_iter().collect();
         let until = Instant::now() + VOTE_GUARD;
         while !undecided.is_empty() && Instant::now() < until {
             let answers = self.probe_peers().await;
