@@ -67,13 +67,16 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    fn addresses(&self) -> Vec<String> {
-        self.addr
+    fn addresses(&self) -> anyhow::Result<Vec<String>> {
+        let addresses: Vec<String> = self
+            .addr
             .split(',')
             .map(str::trim)
             .filter(|address| !address.is_empty())
             .map(str::to_owned)
-            .collect()
+            .collect();
+        anyhow::ensure!(!addresses.is_empty(), "--addr names no node");
+        Ok(addresses)
     }
 
     /// The queue of a run tagged `run_tag` (see [`run_tag`]).

@@ -61,7 +61,8 @@ pub struct NoisyArgs {
     /// Acks per ack request.
     #[arg(long, default_value_t = 16)]
     ack_batch: usize,
-    /// Give up waiting for the last deliveries after this long.
+    /// Give up retrying failed flood produces, and waiting for the last
+    /// deliveries, after this long.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
     /// Draw per-producer delivery rates and latency percentiles over time.
@@ -102,7 +103,7 @@ struct NoisyReport {
 }
 
 pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
-    let addresses = args.common.addresses();
+    let addresses = args.common.addresses()?;
     let client = Client::connect_lazy(&args.common.addr)?;
     let run_start = Instant::now();
     let counters = Arc::new(Counters::default());
@@ -210,6 +211,7 @@ async fn flood_worker(
     run_start: Instant,
     counters: Arc<Counters>,
 ) -> (String, Acks) {
+    let give_up_after = Duration::from_secs(args.timeout_s);
     let mut acks = Vec::new();
     while batches_left
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
@@ -218,15 +220,17 @@ async fn flood_worker(
         .is_ok()
     {
         let called_at = run_start.elapsed();
-        let messages: Vec<Message> = (0..args.flood_batch.max(1))
-            .map(|_| Message {
-                payload: stamp::payload(called_at, args.size),
-                headers: Default::default(),
-            })
-            .collect();
-        let count = messages.len() as u64;
+        let batch = || -> Vec<Message> {
+            (0..args.flood_batch.max(1))
+                .map(|_| Message {
+                    payload: stamp::payload(called_at, args.size),
+                    headers: Default::default(),
+                })
+                .collect()
+        };
+        let count = args.flood_batch.max(1) as u64;
         loop {
-            match client.produce(&queue, &tagged, messages.clone()).await {
+            match client.produce(&queue, &tagged, batch()).await {
                 Ok(_) => {
                     acks.push((run_start.elapsed(), count));
                     counters.produced.fetch_add(count, Ordering::Relaxed);
@@ -234,6 +238,10 @@ async fn flood_worker(
                 }
                 Err(error) => {
                     counters.produce_failures.fetch_add(1, Ordering::Relaxed);
+                    if run_start.elapsed() > give_up_after {
+                        tracing::warn!(%error, "flood produce still failing at the run's timeout; this worker stops");
+                        return (producer, acks);
+                    }
                     tracing::debug!(%error, "flood produce failed; retrying");
                     tokio::time::sleep(FAILED_PRODUCE_BACKOFF).await;
                 }

@@ -119,7 +119,7 @@ async fn run_step(
     let drain_start = Instant::now();
     let sink = Sink::start(
         &SinkSpec {
-            addresses: args.common.addresses(),
+            addresses: args.common.addresses()?,
             queue: queue.clone(),
             run_tag,
             consumers: args.consumers.max(1),

@@ -10,15 +10,15 @@
 //! processing queue in the consumer does not count as latency.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - A consumer that loses its stream ends; the run then reports fewer
-//!   deliveries rather than reconnecting.
+//! - A consumer that cannot open its stream, or loses it, ends with a
+//!   warning; the run then reports fewer deliveries rather than reconnecting.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use floret_client::{Client, ConsumerEvent};
+use floret_client::{Client, ClientError, ConsumerEvent};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -73,7 +73,7 @@ pub struct Counters {
 
 /// Running consumers; [`Sink::finish`] collects what they received.
 pub struct Sink {
-    consumers: Vec<JoinHandle<anyhow::Result<Vec<Received>>>>,
+    consumers: Vec<JoinHandle<Vec<Received>>>,
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
     target: watch::Receiver<Option<u64>>,
@@ -126,7 +126,7 @@ impl Sink {
         self.stop.send_replace(true);
         let mut received = Vec::new();
         for consumer in self.consumers {
-            received.extend(consumer.await??);
+            received.extend(consumer.await?);
         }
         Ok(received)
     }
@@ -172,9 +172,18 @@ impl ConsumerRun {
             .is_some_and(|target| self.counters.first_deliveries.load(Ordering::Relaxed) >= target)
     }
 
-    async fn run(mut self) -> anyhow::Result<Vec<Received>> {
-        let mut consumer = self.client.consume(&self.queue, self.credits).await?;
+    /// Consumes until stopped or the target is reached; a stream that
+    /// cannot be opened or breaks ends this consumer with what it received.
+    async fn run(mut self) -> Vec<Received> {
         let mut received = Vec::new();
+        if let Err(error) = self.consume(&mut received).await {
+            tracing::warn!(%error, "a consumer lost its stream; the run goes on without it");
+        }
+        received
+    }
+
+    async fn consume(&mut self, received: &mut Vec<Received>) -> Result<(), ClientError> {
+        let mut consumer = self.client.consume(&self.queue, self.credits).await?;
         // Deliveries waiting for their processing slot, with that slot.
         let mut processing: VecDeque<(Instant, String)> = VecDeque::new();
         let mut next_free_slot = Instant::now();
@@ -240,7 +249,7 @@ impl ConsumerRun {
                     Some(ConsumerEvent::Settled(outcomes)) => {
                         unsettled = unsettled.saturating_sub(outcomes.len());
                     }
-                    None => return Ok(received),
+                    None => return Ok(()),
                 },
             }
         }
@@ -262,7 +271,7 @@ impl ConsumerRun {
                 _ => break,
             }
         }
-        Ok(received)
+        Ok(())
     }
 }
 

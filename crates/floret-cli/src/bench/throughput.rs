@@ -74,7 +74,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
     let queue = args.common.queue(&run_tag);
     let sink = if args.consumers > 0 {
         let spec = SinkSpec {
-            addresses: args.common.addresses(),
+            addresses: args.common.addresses()?,
             queue: queue.clone(),
             run_tag: run_tag.clone(),
             consumers: args.consumers,
