@@ -243,7 +243,8 @@ impl Default for BatchingConfig {
             // quiet producer on the same shard waits behind two short
             // entries, not two long ones (noisy-neighbor bench: quiet p99
             // 101 -> 77 ms against 1 MiB, flood accepted faster too), and
-            // their state-machine writes fit a redo record (change_set.rs).
+            // their state-machine writes mostly stay under the size at which
+            // floret-store falls back to sled's costlier atomic batch.
             max_entry_bytes: 64 * 1024,
             proposals_in_flight: 2,
             commit_timeout_ms: 5_000,

@@ -35,12 +35,13 @@ use serde::{Deserialize, Serialize};
 use crate::keys;
 use crate::records::{DecodeError, decode, encode};
 
-/// Largest redo record written: below sled's 128 KiB threshold for storing a
-/// value as a separate blob file, with room for the record's framing.
+/// Most bytes of keys and values a change set may hold to be written
+/// through a redo record: with its framing the record stays well below
+/// sled's 128 KiB threshold for storing a value as a separate blob file.
 pub(crate) const MAX_REDO_BYTES: usize = 64 * 1024;
 
 /// Changes to one tree, applied in key order; the last change of a key wins.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct ChangeSet {
     changes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
@@ -67,8 +68,7 @@ impl ChangeSet {
 
     /// Writes every change to `tree` so that a crash keeps all or none.
     pub(crate) fn write(&self, tree: &sled::Tree) -> Result<(), ChangeSetError> {
-        let redo = encode(self);
-        if redo.len() > MAX_REDO_BYTES {
+        if self.encoded_len_at_least() > MAX_REDO_BYTES {
             let mut batch = sled::Batch::default();
             for (key, value) in &self.changes {
                 match value {
@@ -79,7 +79,7 @@ impl ChangeSet {
             tree.apply_batch(batch)?;
             return Ok(());
         }
-        tree.insert(keys::REDO, redo)?;
+        tree.insert(keys::REDO, encode(self))?;
         self.apply(tree)?;
         tree.remove(keys::REDO)?;
         Ok(())
@@ -95,6 +95,15 @@ impl ChangeSet {
         changes.apply(tree)?;
         tree.remove(keys::REDO)?;
         Ok(true)
+    }
+
+    /// A lower bound of the redo record's size (the keys and values alone),
+    /// known without encoding it.
+    fn encoded_len_at_least(&self) -> usize {
+        self.changes
+            .iter()
+            .map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len))
+            .sum()
     }
 
     fn apply(&self, tree: &sled::Tree) -> Result<(), sled::Error> {
@@ -141,6 +150,7 @@ mod tests {
             changes.insert(index.to_be_bytes().to_vec(), vec![7; 128]);
         }
         assert!(encode(&changes).len() > MAX_REDO_BYTES);
+        assert!(changes.encoded_len_at_least() > MAX_REDO_BYTES);
         changes.write(&tree).unwrap();
         assert_eq!(tree.len(), 1_000);
         assert_eq!(tree.get(keys::REDO).unwrap(), None);
