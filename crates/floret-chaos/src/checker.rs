@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use floret_sched::jain_index;
 use serde::Serialize;
 
 use crate::history::{Event, MessageId, Outcome, Payload, Record};
@@ -263,10 +264,10 @@ fn fairness(attempts: &BTreeMap<MessageId, Attempt>) -> Option<(f64, usize)> {
                 (count_by(times, stop) - count_by(times, start)) as f64
             })
             .collect();
-        let total: f64 = shares.iter().sum();
-        let squares: f64 = shares.iter().map(|x| x * x).sum();
-        if shares.len() >= 2 && squares > 0.0 {
-            indexes.push(total * total / (shares.len() as f64 * squares));
+        if shares.len() >= 2
+            && let Some(index) = jain_index(&shares)
+        {
+            indexes.push(index);
         }
         start = stop;
     }

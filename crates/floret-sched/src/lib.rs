@@ -39,6 +39,7 @@
 mod config;
 mod dispatch;
 mod error;
+mod jain;
 mod lease_heap;
 mod producer;
 mod ring;
@@ -49,5 +50,6 @@ mod undelivered;
 pub use config::SchedulerConfig;
 pub use dispatch::Dispatch;
 pub use error::SettleError;
+pub use jain::jain_index;
 pub use producer::ProducerView;
 pub use scheduler::Scheduler;

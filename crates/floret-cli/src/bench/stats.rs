@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use floret_sched::jain_index;
+
 /// Width of a fairness window.
 pub const WINDOW: Duration = Duration::from_secs(1);
 
@@ -43,15 +45,10 @@ impl Percentiles {
     }
 }
 
-/// Jain's fairness index of `shares`: 1 when all are equal, 1/n when one
-/// producer takes everything. 1 for an empty or all-zero set.
+/// Jain's fairness index of `shares` (see [`jain_index`]); 1 for an empty
+/// or all-zero set, where nobody was treated worse than anybody.
 pub fn jain(shares: &[f64]) -> f64 {
-    let sum: f64 = shares.iter().sum();
-    let squares: f64 = shares.iter().map(|share| share * share).sum();
-    if shares.is_empty() || squares == 0.0 {
-        return 1.0;
-    }
-    sum * sum / (shares.len() as f64 * squares)
+    jain_index(shares).unwrap_or(1.0)
 }
 
 /// What happened to one producer's messages, as offsets from the run's start.

@@ -141,14 +141,6 @@ impl<K: Hash + Eq + Clone> FairnessWindow<K> {
     }
 }
 
-/// Jain's fairness index of `values`: 1 when all are equal, 1/n when one
-/// has everything; None for no values.
-pub fn jain_index(values: &[f64]) -> Option<f64> {
-    let sum: f64 = values.iter().sum();
-    let squares: f64 = values.iter().map(|v| v * v).sum();
-    (!values.is_empty() && squares > 0.0).then(|| sum * sum / (values.len() as f64 * squares))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,12 +174,5 @@ mod tests {
         window.delivered(&busy, 113, Some(9));
         assert!(!window.dwell_ms.contains_key(&idle));
         assert_eq!(window.dwell_ms[&busy].len(), 3);
-    }
-
-    #[test]
-    fn jain_is_one_for_equal_shares_and_one_over_n_for_a_monopoly() {
-        assert_eq!(jain_index(&[3.0, 3.0, 3.0]), Some(1.0));
-        assert_eq!(jain_index(&[9.0, 0.0, 0.0]), Some(1.0 / 3.0));
-        assert_eq!(jain_index(&[]), None);
     }
 }

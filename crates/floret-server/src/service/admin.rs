@@ -31,8 +31,9 @@ use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
 use crate::dispatcher::DispatcherHandle;
-use crate::dispatcher::fairness::{WINDOW_SECONDS, jain_index};
+use crate::dispatcher::fairness::WINDOW_SECONDS;
 use crate::request;
+use floret_sched::jain_index;
 
 /// Serves inspection of one node.
 pub struct AdminService {
