@@ -329,7 +329,7 @@ fn analyse(
     }
     let end = first.iter().map(|r| r.at).max().unwrap_or_default();
     let start = first.iter().map(|r| r.at).min().unwrap_or_default();
-    let windows = stats::windows(&timelines, end);
+    let windows = stats::windows(&mut timelines, end);
     let produced = counters.produced.load(Ordering::Relaxed);
     let flood_produced: u64 = timelines
         .iter()

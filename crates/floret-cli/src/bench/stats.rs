@@ -51,7 +51,8 @@ pub fn jain(shares: &[f64]) -> f64 {
     jain_index(shares).unwrap_or(1.0)
 }
 
-/// What happened to one producer's messages, as offsets from the run's start.
+/// What happened to one producer's messages, as offsets from the run's
+/// start, each list in time order ([`windows`] sorts them).
 #[derive(Debug, Clone, Default)]
 pub struct ProducerTimeline {
     /// When produce calls were acknowledged, with how many messages each.
@@ -61,37 +62,42 @@ pub struct ProducerTimeline {
 }
 
 impl ProducerTimeline {
+    fn sort(&mut self) {
+        self.acknowledged.sort_unstable();
+        self.delivered.sort_unstable();
+    }
+
     /// Whether the producer had acknowledged messages waiting for their first
     /// delivery at every moment of `[start, start + WINDOW)`. A message
     /// delivered before its acknowledgement reached the client counts as
     /// never waiting, so the answer errs towards "not backlogged".
     pub fn backlogged_through(&self, start: Duration) -> bool {
         let end = start + WINDOW;
-        let mut events: Vec<(Duration, i64)> = self
-            .acknowledged
+        let acks_before = self.acknowledged.partition_point(|(at, _)| *at < start);
+        let acks_by_end = self.acknowledged.partition_point(|(at, _)| *at < end);
+        let deliveries_before = self.delivered.partition_point(|at| *at < start);
+        let deliveries_by_end = self.delivered.partition_point(|at| *at < end);
+        let acked: u64 = self.acknowledged[..acks_before]
             .iter()
-            .filter(|(at, _)| *at < end)
+            .map(|(_, count)| count)
+            .sum();
+        let mut waiting = acked as i64 - deliveries_before as i64;
+        if waiting <= 0 {
+            return false;
+        }
+        let mut events: Vec<(Duration, i64)> = self.acknowledged[acks_before..acks_by_end]
+            .iter()
             .map(|&(at, count)| (at, count as i64))
             .chain(
-                self.delivered
+                self.delivered[deliveries_before..deliveries_by_end]
                     .iter()
-                    .filter(|at| **at < end)
                     .map(|&at| (at, -1)),
             )
             .collect();
         // Deliveries first at equal times: an ack and a delivery at the same
         // instant must not hide an empty queue.
-        events.sort_by_key(|&(at, change)| (at, change));
-        let mut waiting = 0i64;
-        let mut index = 0;
-        while index < events.len() && events[index].0 < start {
-            waiting += events[index].1;
-            index += 1;
-        }
-        if waiting <= 0 {
-            return false;
-        }
-        events[index..].iter().all(|&(_, change)| {
+        events.sort_unstable();
+        events.iter().all(|&(_, change)| {
             waiting += change;
             waiting > 0
         })
@@ -100,10 +106,8 @@ impl ProducerTimeline {
     /// First deliveries in `[start, start + WINDOW)`.
     pub fn delivered_in(&self, start: Duration) -> u64 {
         let end = start + WINDOW;
-        self.delivered
-            .iter()
-            .filter(|at| **at >= start && **at < end)
-            .count() as u64
+        (self.delivered.partition_point(|at| *at < end)
+            - self.delivered.partition_point(|at| *at < start)) as u64
     }
 }
 
@@ -117,11 +121,13 @@ pub struct WindowFairness {
     pub jain_backlogged: f64,
 }
 
-/// Fairness of every whole window from the start up to `end`.
+/// Fairness of every whole window from the start up to `end` (sorts each
+/// timeline first).
 pub fn windows(
-    timelines: &BTreeMap<String, ProducerTimeline>,
+    timelines: &mut BTreeMap<String, ProducerTimeline>,
     end: Duration,
 ) -> Vec<WindowFairness> {
+    timelines.values_mut().for_each(ProducerTimeline::sort);
     let whole_windows = end.as_secs();
     (0..whole_windows)
         .map(|second| {
@@ -241,7 +247,7 @@ mod tests {
             acknowledged: vec![(ms(0), 1_000)],
             delivered,
         };
-        let timelines = BTreeMap::from([
+        let mut timelines = BTreeMap::from([
             (
                 "a".to_owned(),
                 flood((0..10).map(|i| ms(1_000 + i * 90)).collect()),
@@ -258,7 +264,7 @@ mod tests {
                 },
             ),
         ]);
-        let windows = windows(&timelines, ms(2_000));
+        let windows = windows(&mut timelines, ms(2_000));
         assert_eq!(windows.len(), 2);
         let second = &windows[1];
         assert_eq!(second.backlogged, ["a", "b"]);
