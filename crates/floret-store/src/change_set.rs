@@ -66,6 +66,25 @@ impl ChangeSet {
         self.changes.insert(key, None);
     }
 
+    /// What this set does to `key`: `Some(Some(value))` writes it,
+    /// `Some(None)` deletes it, `None` leaves it alone.
+    pub(crate) fn pending(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.changes.get(key).map(Option::as_deref)
+    }
+
+    /// Keys written by this set from `start` on that begin with `prefix`, in
+    /// key order, with their values.
+    pub(crate) fn written_from<'a>(
+        &'a self,
+        start: &[u8],
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        self.changes
+            .range::<[u8], _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
+            .take_while(move |(key, _)| key.starts_with(prefix))
+            .filter_map(|(key, value)| Some((key.as_slice(), value.as_deref()?)))
+    }
+
     /// Writes every change to `tree` so that a crash keeps all or none.
     pub(crate) fn write(&self, tree: &sled::Tree) -> Result<(), ChangeSetError> {
         if self.encoded_len_at_least() > MAX_REDO_BYTES {
@@ -121,12 +140,38 @@ impl ChangeSet {
 mod tests {
     use super::*;
 
+    /// Opens the database again once sled's background flusher, which
+    /// outlives the dropped handle for a moment, has let go of its lock.
+    fn reopen(path: &std::path::Path) -> sled::Db {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match sled::open(path) {
+                Ok(db) => return db,
+                Err(error) if std::time::Instant::now() > deadline => {
+                    panic!("the database stays locked: {error}")
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+
     fn change_set() -> ChangeSet {
         let mut changes = ChangeSet::default();
         changes.insert(b"a".to_vec(), b"1".to_vec());
         changes.insert(b"b".to_vec(), b"2".to_vec());
         changes.remove(b"old".to_vec());
         changes
+    }
+
+    #[test]
+    fn pending_changes_are_visible_before_the_write() {
+        let changes = change_set();
+        assert_eq!(changes.pending(b"a"), Some(Some(b"1".as_slice())));
+        assert_eq!(changes.pending(b"old"), Some(None));
+        assert_eq!(changes.pending(b"z"), None);
+        let written: Vec<_> = changes.written_from(b"a", b"").map(|(k, _)| k).collect();
+        assert_eq!(written, [b"a".as_slice(), b"b".as_slice()]);
+        assert_eq!(changes.written_from(b"a", b"a").count(), 1);
     }
 
     #[test]
@@ -168,7 +213,7 @@ mod tests {
             tree.insert(b"a", b"1".as_slice()).unwrap();
             db.flush().unwrap();
         }
-        let db = sled::open(dir.path()).unwrap();
+        let db = reopen(dir.path());
         let tree = db.open_tree("t").unwrap();
         assert!(ChangeSet::recover(&tree).unwrap());
         assert_eq!(tree.get(b"a").unwrap().unwrap().as_ref(), b"1");

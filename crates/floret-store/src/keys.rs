@@ -7,7 +7,11 @@
 //! - `A` -> the applied state (last applied log id, membership);
 //! - `R` -> the redo record of an apply being written (none at rest);
 //! - `P` queue-len:u8 queue producer -> [`crate::records::ProducerRecord`];
-//! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> [`crate::records::StoredMessage`].
+//! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> [`crate::records::StoredMessage`];
+//! - `Q` queue-len:u8 queue -> the queue's default [`crate::policy::Policy`];
+//! - `O` queue-len:u8 queue producer -> a producer's override [`crate::policy::Policy`];
+//! - `D` queue-len:u8 queue id:u64be -> [`crate::records::DeadLetterRecord`];
+//! - `N` queue-len:u8 queue -> the id the queue's next dead letter gets (u64).
 //!
 //! Lengths are prefixed so that producer `ab` and producer `abc` never share a
 //! key prefix.
@@ -20,6 +24,65 @@ pub const REDO: &[u8] = b"R";
 pub const PRODUCER_TAG: u8 = b'P';
 /// First byte of every message key.
 pub const MESSAGE_TAG: u8 = b'M';
+
+/// First byte of every queue policy key.
+pub const QUEUE_POLICY_TAG: u8 = b'Q';
+/// First byte of every producer policy key.
+pub const PRODUCER_POLICY_TAG: u8 = b'O';
+/// First byte of every dead-letter key.
+pub const DEAD_LETTER_TAG: u8 = b'D';
+/// First byte of every next-dead-letter-id key.
+pub const NEXT_DEAD_LETTER_TAG: u8 = b'N';
+
+/// Key of a queue's default policy.
+pub fn queue_policy(queue: &str) -> Vec<u8> {
+    queue_key(QUEUE_POLICY_TAG, queue)
+}
+
+/// Key of a producer's policy override.
+pub fn producer_policy(queue: &str, producer: &str) -> Vec<u8> {
+    let mut key = queue_key(PRODUCER_POLICY_TAG, queue);
+    key.extend_from_slice(producer.as_bytes());
+    key
+}
+
+/// Prefix of every dead letter of a queue.
+pub fn dead_letter_prefix(queue: &str) -> Vec<u8> {
+    queue_key(DEAD_LETTER_TAG, queue)
+}
+
+/// Key of one dead letter.
+pub fn dead_letter(queue: &str, id: u64) -> Vec<u8> {
+    let mut key = dead_letter_prefix(queue);
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// Key of the id a queue's next dead letter gets.
+pub fn next_dead_letter(queue: &str) -> Vec<u8> {
+    queue_key(NEXT_DEAD_LETTER_TAG, queue)
+}
+
+/// Splits a queue policy key, or a producer policy key, into (queue,
+/// producer); None if it is neither.
+pub fn parse_policy(key: &[u8]) -> Option<(&str, Option<&str>)> {
+    let (&tag, rest) = key.split_first()?;
+    let (&queue_len, rest) = rest.split_first()?;
+    let (queue, producer) = rest.split_at_checked(queue_len as usize)?;
+    let queue = std::str::from_utf8(queue).ok()?;
+    match tag {
+        QUEUE_POLICY_TAG if producer.is_empty() => Some((queue, None)),
+        PRODUCER_POLICY_TAG => Some((queue, Some(std::str::from_utf8(producer).ok()?))),
+        _ => None,
+    }
+}
+
+fn queue_key(tag: u8, queue: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + queue.len());
+    key.push(tag);
+    push_queue(&mut key, queue);
+    key
+}
 
 /// Key of a producer's record.
 pub fn producer(queue: &str, producer: &str) -> Vec<u8> {
@@ -93,6 +156,22 @@ mod tests {
         sorted.sort();
         let sequences: Vec<_> = sorted.iter().filter_map(|k| message_sequence(k)).collect();
         assert_eq!(sequences, vec![0, 1, 255, 256]);
+    }
+
+    #[test]
+    fn policy_keys_round_trip() {
+        assert_eq!(parse_policy(&queue_policy("q")), Some(("q", None)));
+        assert_eq!(
+            parse_policy(&producer_policy("q", "p")),
+            Some(("q", Some("p")))
+        );
+        assert_eq!(parse_policy(&producer("q", "p")), None);
+    }
+
+    #[test]
+    fn dead_letters_of_a_queue_do_not_share_a_longer_named_queues_range() {
+        assert!(!dead_letter("ab", 0).starts_with(&dead_letter_prefix("a")));
+        assert!(dead_letter("a", 9).starts_with(&dead_letter_prefix("a")));
     }
 
     #[test]

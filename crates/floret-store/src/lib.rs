@@ -25,6 +25,7 @@ pub mod failpoints;
 mod flusher;
 pub mod keys;
 mod log_store;
+pub mod policy;
 mod reader;
 pub mod records;
 mod snapshot;

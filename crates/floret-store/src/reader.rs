@@ -1,9 +1,13 @@
 //! Read access to one shard's queues, shared by the state machine, the
 //! node's dispatcher (payloads are read from here when dispatched, never held
-//! in memory) and the stats API.
+//! in memory) and the stats API. It also holds the shard's policies in
+//! memory ([`PolicyTable`]), which the state machine keeps equal to the tree.
+
+use std::sync::{Arc, RwLock};
 
 use crate::keys;
-use crate::records::{AppliedState, ProducerRecord, StoredMessage, decode};
+use crate::policy::{Policy, PolicyTable};
+use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessage, decode};
 use crate::storage_error;
 use crate::types::StorageError;
 
@@ -11,6 +15,7 @@ use crate::types::StorageError;
 #[derive(Clone)]
 pub struct ShardReader {
     tree: sled::Tree,
+    policies: Arc<RwLock<PolicyTable>>,
 }
 
 /// One producer as the state machine knows it.
@@ -25,8 +30,91 @@ pub struct ProducerEntry {
 }
 
 impl ShardReader {
-    pub(crate) fn new(tree: sled::Tree) -> Self {
-        Self { tree }
+    /// A reader of `tree`, with the policies it stores loaded.
+    pub(crate) fn new(tree: sled::Tree) -> Result<Self, StorageError> {
+        let policies = Self::load_policies(&tree)?;
+        Ok(Self {
+            tree,
+            policies: Arc::new(RwLock::new(policies)),
+        })
+    }
+
+    fn load_policies(tree: &sled::Tree) -> Result<PolicyTable, StorageError> {
+        let mut table = PolicyTable::default();
+        for tag in [keys::QUEUE_POLICY_TAG, keys::PRODUCER_POLICY_TAG] {
+            for item in tree.scan_prefix([tag]) {
+                let (key, value) = item.map_err(storage_error::read_state_machine)?;
+                let (queue, producer) = keys::parse_policy(&key).ok_or_else(|| {
+                    storage_error::read_state_machine(std::io::Error::other("malformed policy key"))
+                })?;
+                let policy: Policy =
+                    decode("policy", &value).map_err(storage_error::read_state_machine)?;
+                table.set(queue, producer, policy);
+            }
+        }
+        Ok(table)
+    }
+
+    /// Loads the policies again after the tree was replaced (a snapshot).
+    pub(crate) fn reload_policies(&self) -> Result<(), StorageError> {
+        let table = Self::load_policies(&self.tree)?;
+        *self.policies.write().expect("policy lock") = table;
+        Ok(())
+    }
+
+    /// Records a policy the state machine is writing.
+    pub(crate) fn set_policy(&self, queue: &str, producer: Option<&str>, policy: Policy) {
+        self.policies
+            .write()
+            .expect("policy lock")
+            .set(queue, producer, policy);
+    }
+
+    /// The policy in force for `producer` of `queue`.
+    pub fn policy(&self, queue: &str, producer: &str) -> Policy {
+        self.policies
+            .read()
+            .expect("policy lock")
+            .effective(queue, producer)
+    }
+
+    /// The policy stored for `queue` (`producer` None) or one producer, without inheritance.
+    pub fn stored_policy(&self, queue: &str, producer: Option<&str>) -> Policy {
+        self.policies
+            .read()
+            .expect("policy lock")
+            .stored(queue, producer)
+    }
+
+    /// A copy of every policy of the shard.
+    pub fn policies(&self) -> PolicyTable {
+        self.policies.read().expect("policy lock").clone()
+    }
+
+    /// Up to `limit` dead letters of `queue` with ids from `from` on, in id order.
+    pub fn dead_letters(
+        &self,
+        queue: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, DeadLetterRecord)>, StorageError> {
+        let prefix = keys::dead_letter_prefix(queue);
+        let mut found = Vec::new();
+        for item in self
+            .tree
+            .range(keys::dead_letter(queue, from)..)
+            .take(limit)
+        {
+            let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let id = keys::message_sequence(&key).expect("dead-letter keys end with an id");
+            let record =
+                decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
+            found.push((id, record));
+        }
+        Ok(found)
     }
 
     pub(crate) fn tree(&self) -> &sled::Tree {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{LogId, NodeId};
+use crate::types::{DeadLetterReason, LogId, NodeId};
 
 /// Durable counters of one producer: all the state machine keeps besides its messages.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +59,24 @@ pub struct StoredMessageRef<'a> {
     pub headers: &'a BTreeMap<String, String>,
     /// Commit time chosen by the leader, milliseconds since the Unix epoch.
     pub enqueued_at_ms: i64,
+}
+
+/// A message taken out of its producer's queue undelivered and kept aside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterRecord {
+    /// The producer it came from.
+    pub producer: String,
+    /// Its sequence there.
+    pub sequence: u64,
+    /// Why it left.
+    pub reason: DeadLetterReason,
+    /// Deliveries it had (0 when it never was delivered).
+    pub attempts: u32,
+    /// When it left, ms since the Unix epoch.
+    pub dead_lettered_at_ms: i64,
+    /// The [`StoredMessage`] as it was stored, still encoded.
+    #[serde(with = "serde_bytes")]
+    pub message: Vec<u8>,
 }
 
 /// What the state machine has applied: stored under [`crate::keys::APPLIED`].

@@ -13,9 +13,12 @@
 //! IMPLEMENTATION CAVEATS
 //! - `apply` does not flush: after a crash openraft re-applies from the last
 //!   applied id up to the committed one it saved in the log store.
-//! - Producer records are kept forever (idle clean-up comes with policies).
+//! - Producer records are kept forever (idle clean-up is not built yet).
+//! - Replaying dead letters ignores the producer's limits (an operator's act).
+//! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
+//!   flight; their acks then answer "already acked".
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Cursor;
 use std::ops::Range;
 use std::path::Path;
@@ -26,13 +29,17 @@ use std::sync::Arc;
 
 use crate::change_set::{ChangeSet, ChangeSetError};
 use crate::keys;
+use crate::policy::{Overflow, Policy};
 use crate::reader::ShardReader;
-use crate::records::{AppliedState, ProducedBatch, ProducerRecord, StoredMessageRef, encode};
+use crate::records::{
+    AppliedState, DeadLetterRecord, ProducedBatch, ProducerRecord, StoredMessage, StoredMessageRef,
+    decode, encode,
+};
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{
-    Command, CommandReply, Enqueue, LogId, MessageRef, Op, OpReply, ShardId, StorageError,
-    TypeConfig,
+    Command, CommandReply, DeadLetterReason, DeadLetterSelection, Discard, Enqueue, LogId,
+    MessageRef, Op, OpReply, SetPolicy, ShardId, StorageError, TypeConfig,
 };
 
 /// What a shard applied that the node's dispatcher must know.
@@ -48,6 +55,27 @@ pub enum AppliedEvent {
         producer: String,
         /// The new messages' sequences.
         sequences: Range<u64>,
+    },
+    /// A queue's default policy (`producer` None) or a producer's override changed.
+    PolicyChanged {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// The queue.
+        queue: String,
+        /// The producer, for an override.
+        producer: Option<String>,
+    },
+    /// A producer went over its limits and every message it had below
+    /// `below` was dropped or dead-lettered.
+    Dropped {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+        /// No message of the producer below this sequence is stored now.
+        below: u64,
     },
     /// The shard's whole state was replaced by a snapshot.
     Reset {
@@ -87,9 +115,15 @@ impl StateMachine {
         if completed {
             tracing::info!(shard, "completed an apply a crash interrupted");
         }
+        let reader = ShardReader::new(tree).map_err(|error| {
+            sled::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                error.to_string(),
+            ))
+        })?;
         Ok(Self {
             shard,
-            reader: ShardReader::new(tree),
+            reader,
             snapshot_file: SnapshotFile::new(snapshot_dir, shard),
             events,
         })
@@ -107,24 +141,43 @@ impl StateMachine {
     }
 }
 
-/// Changes of one `apply` call, gathered before they are written as one change set.
+/// Changes of one `apply` call, gathered before they are written as one
+/// change set. Reads go through [`PendingApply::get`], which sees this
+/// apply's own writes first.
 struct PendingApply<'a> {
-    tree: &'a sled::Tree,
+    shard: ShardId,
+    reader: &'a ShardReader,
     changes: ChangeSet,
     producers: HashMap<Vec<u8>, ProducerRecord>,
-    /// Messages written earlier in this same apply (a restart re-applies enqueue and ack together), with their value size.
-    inserted: HashMap<Vec<u8>, u64>,
-    removed: HashSet<Vec<u8>>,
+    /// Next dead-letter id per queue, for queues that got dead letters in this apply.
+    next_dead_letter: HashMap<String, u64>,
+    events: Vec<AppliedEvent>,
 }
 
 impl<'a> PendingApply<'a> {
-    fn new(tree: &'a sled::Tree) -> Self {
+    fn new(shard: ShardId, reader: &'a ShardReader) -> Self {
         Self {
-            tree,
+            shard,
+            reader,
             changes: ChangeSet::default(),
             producers: HashMap::new(),
-            inserted: HashMap::new(),
-            removed: HashSet::new(),
+            next_dead_letter: HashMap::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn tree(&self) -> &sled::Tree {
+        self.reader.tree()
+    }
+
+    /// The value of `key` as this apply leaves it so far.
+    fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, StorageError> {
+        match self.changes.pending(key) {
+            Some(value) => Ok(value.map(sled::IVec::from)),
+            None => self
+                .tree()
+                .get(key)
+                .map_err(storage_error::read_state_machine),
         }
     }
 
@@ -136,7 +189,7 @@ impl<'a> PendingApply<'a> {
         let key = keys::producer(queue, producer);
         if !self.producers.contains_key(&key) {
             let record = ShardReader::decode_producer(
-                self.tree
+                self.tree()
                     .get(&key)
                     .map_err(storage_error::read_state_machine)?,
             )?;
@@ -145,12 +198,8 @@ impl<'a> PendingApply<'a> {
         Ok(self.producers.get_mut(&key).expect("inserted above"))
     }
 
-    fn enqueue(
-        &mut self,
-        enqueue: &Enqueue,
-        events: &mut Vec<AppliedEvent>,
-        shard: ShardId,
-    ) -> Result<OpReply, StorageError> {
+    fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
+        let policy = self.reader.policy(&enqueue.queue, &enqueue.producer);
         let record = self.producer(&enqueue.queue, &enqueue.producer)?;
         if let (Some(sequence), Some(last)) = (enqueue.producer_sequence, record.last_batch) {
             if sequence == last.producer_sequence {
@@ -176,15 +225,27 @@ impl<'a> PendingApply<'a> {
             });
         }
         let mut values = Vec::with_capacity(enqueue.messages.len());
+        let mut added_bytes = 0;
         for message in &enqueue.messages {
             let value = encode(&StoredMessageRef {
                 payload: &message.payload,
                 headers: &message.headers,
                 enqueued_at_ms: enqueue.enqueued_at_ms,
             });
-            record.bytes += value.len() as u64;
+            added_bytes += value.len() as u64;
             values.push(value);
         }
+        let overflow = policy.overflow.unwrap_or_default();
+        if overflow == Overflow::Reject
+            && policy.exceeded_by(record.messages + count, record.bytes + added_bytes)
+        {
+            return Ok(OpReply::OverLimit {
+                messages: record.messages,
+                bytes: record.bytes,
+                policy,
+            });
+        }
+        record.bytes += added_bytes;
         record.tail += count;
         record.messages += count;
         if let Some(producer_sequence) = enqueue.producer_sequence {
@@ -194,17 +255,20 @@ impl<'a> PendingApply<'a> {
                 count,
             });
         }
+        let over_limit = policy.exceeded_by(record.messages, record.bytes);
         for (sequence, value) in (first_sequence..).zip(values) {
             let key = keys::message(&enqueue.queue, &enqueue.producer, sequence);
-            self.inserted.insert(key.clone(), value.len() as u64);
             self.changes.insert(key, value);
         }
-        events.push(AppliedEvent::Enqueued {
-            shard,
+        self.events.push(AppliedEvent::Enqueued {
+            shard: self.shard,
             queue: enqueue.queue.clone(),
             producer: enqueue.producer.clone(),
             sequences: first_sequence..first_sequence + count,
         });
+        if over_limit {
+            self.trim_oldest(enqueue, policy, overflow == Overflow::DeadLetterOldest)?;
+        }
         Ok(OpReply::Enqueued {
             first_sequence,
             count,
@@ -212,46 +276,246 @@ impl<'a> PendingApply<'a> {
         })
     }
 
+    /// Takes the producer's oldest messages out until it is within its
+    /// limits again, keeping them as dead letters if `dead_letter`.
+    fn trim_oldest(
+        &mut self,
+        enqueue: &Enqueue,
+        policy: Policy,
+        dead_letter: bool,
+    ) -> Result<(), StorageError> {
+        let (queue, producer) = (enqueue.queue.as_str(), enqueue.producer.as_str());
+        let record = self.producer(queue, producer)?.clone();
+        let (mut messages, mut bytes) = (record.messages, record.bytes);
+        let prefix = keys::message_prefix(queue, producer);
+        let start = keys::message(queue, producer, record.head);
+        let mut oldest: Vec<(Vec<u8>, sled::IVec)> = Vec::new();
+        for item in self.tree().range(start.as_slice()..) {
+            if !policy.exceeded_by(messages, bytes) {
+                break;
+            }
+            let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            if self.changes.pending(&key).is_some() {
+                continue;
+            }
+            messages -= 1;
+            bytes -= value.len() as u64;
+            oldest.push((key.to_vec(), value));
+        }
+        for (key, value) in self.changes.written_from(&start, &prefix) {
+            if !policy.exceeded_by(messages, bytes) {
+                break;
+            }
+            messages -= 1;
+            bytes -= value.len() as u64;
+            oldest.push((key.to_vec(), sled::IVec::from(value)));
+        }
+        let Some(last) = oldest
+            .last()
+            .and_then(|(key, _)| keys::message_sequence(key))
+        else {
+            return Ok(());
+        };
+        for (key, value) in oldest {
+            let sequence = keys::message_sequence(&key).expect("message keys end with a sequence");
+            self.changes.remove(key);
+            if dead_letter {
+                self.keep_dead_letter(
+                    queue,
+                    DeadLetterRecord {
+                        producer: producer.to_owned(),
+                        sequence,
+                        reason: DeadLetterReason::Overflow,
+                        attempts: 0,
+                        dead_lettered_at_ms: enqueue.enqueued_at_ms,
+                        message: value.to_vec(),
+                    },
+                )?;
+            }
+        }
+        let record = self.producer(queue, producer)?;
+        record.messages = messages;
+        record.bytes = bytes;
+        record.head = record.head.max(last + 1);
+        self.events.push(AppliedEvent::Dropped {
+            shard: self.shard,
+            queue: queue.to_owned(),
+            producer: producer.to_owned(),
+            below: last + 1,
+        });
+        Ok(())
+    }
+
+    /// Deletes a stored message, adjusting its producer's counters; returns
+    /// its value, or None if it was not stored.
+    fn take(&mut self, message: &MessageRef) -> Result<Option<sled::IVec>, StorageError> {
+        let key = keys::message(&message.queue, &message.producer, message.sequence);
+        let Some(value) = self.get(&key)? else {
+            return Ok(None);
+        };
+        let record = self.producer(&message.queue, &message.producer)?;
+        record.messages -= 1;
+        record.bytes -= value.len() as u64;
+        if record.head == message.sequence {
+            record.head += 1;
+        }
+        self.changes.remove(key);
+        Ok(Some(value))
+    }
+
     fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {
         let mut count = 0;
         for message in messages {
-            let key = keys::message(&message.queue, &message.producer, message.sequence);
-            if self.removed.contains(&key) {
-                continue;
+            if self.take(message)?.is_some() {
+                self.producer(&message.queue, &message.producer)?.acked += 1;
+                count += 1;
             }
-            let size = match self.inserted.get(&key) {
-                Some(&size) => size,
-                None => match self
-                    .tree
-                    .get(&key)
-                    .map_err(storage_error::read_state_machine)?
-                {
-                    Some(value) => value.len() as u64,
-                    None => continue,
-                },
-            };
-            let record = self.producer(&message.queue, &message.producer)?;
-            record.messages -= 1;
-            record.bytes -= size;
-            record.acked += 1;
-            if record.head == message.sequence {
-                record.head += 1;
-            }
-            self.changes.remove(key.clone());
-            self.removed.insert(key);
-            count += 1;
         }
         Ok(OpReply::Removed { count })
     }
 
-    fn commit(mut self, applied: &AppliedState) -> Result<(), StorageError> {
+    fn discard(&mut self, discard: &Discard) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for discarded in &discard.messages {
+            let Some(value) = self.take(&discarded.message)? else {
+                continue;
+            };
+            count += 1;
+            if discarded.dead_letter {
+                self.keep_dead_letter(
+                    &discarded.message.queue,
+                    DeadLetterRecord {
+                        producer: discarded.message.producer.clone(),
+                        sequence: discarded.message.sequence,
+                        reason: discarded.reason,
+                        attempts: discarded.attempts,
+                        dead_lettered_at_ms: discard.at_ms,
+                        message: value.to_vec(),
+                    },
+                )?;
+            }
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    fn keep_dead_letter(
+        &mut self,
+        queue: &str,
+        record: DeadLetterRecord,
+    ) -> Result<(), StorageError> {
+        let id = match self.next_dead_letter.get(queue) {
+            Some(&id) => id,
+            None => match self
+                .tree()
+                .get(keys::next_dead_letter(queue))
+                .map_err(storage_error::read_state_machine)?
+            {
+                Some(bytes) => decode("next dead-letter id", &bytes)
+                    .map_err(storage_error::read_state_machine)?,
+                None => 0,
+            },
+        };
+        self.next_dead_letter.insert(queue.to_owned(), id + 1);
+        self.changes
+            .insert(keys::dead_letter(queue, id), encode(&record));
+        Ok(())
+    }
+
+    fn set_policy(&mut self, change: &SetPolicy) -> OpReply {
+        let producer = change.producer.as_deref();
+        let stored = if change.replace {
+            change.policy
+        } else {
+            change
+                .policy
+                .over(self.reader.stored_policy(&change.queue, producer))
+        };
+        let key = match producer {
+            Some(producer) => keys::producer_policy(&change.queue, producer),
+            None => keys::queue_policy(&change.queue),
+        };
+        if stored.is_empty() {
+            self.changes.remove(key);
+        } else {
+            self.changes.insert(key, encode(&stored));
+        }
+        self.reader.set_policy(&change.queue, producer, stored);
+        self.events.push(AppliedEvent::PolicyChanged {
+            shard: self.shard,
+            queue: change.queue.clone(),
+            producer: change.producer.clone(),
+        });
+        OpReply::PolicySet { policy: stored }
+    }
+
+    fn replay_dead_letters(
+        &mut self,
+        selection: &DeadLetterSelection,
+    ) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for &id in &selection.ids {
+            let key = keys::dead_letter(&selection.queue, id);
+            let Some(value) = self.get(&key)? else {
+                continue;
+            };
+            let dead: DeadLetterRecord =
+                decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
+            let mut message: StoredMessage =
+                decode("message", &dead.message).map_err(storage_error::read_state_machine)?;
+            message.enqueued_at_ms = selection.at_ms;
+            let value = encode(&message);
+            let record = self.producer(&selection.queue, &dead.producer)?;
+            let sequence = record.tail;
+            record.tail += 1;
+            record.messages += 1;
+            record.bytes += value.len() as u64;
+            self.changes.remove(key);
+            self.changes.insert(
+                keys::message(&selection.queue, &dead.producer, sequence),
+                value,
+            );
+            self.events.push(AppliedEvent::Enqueued {
+                shard: self.shard,
+                queue: selection.queue.clone(),
+                producer: dead.producer,
+                sequences: sequence..sequence + 1,
+            });
+            count += 1;
+        }
+        Ok(OpReply::Replayed { count })
+    }
+
+    fn delete_dead_letters(
+        &mut self,
+        selection: &DeadLetterSelection,
+    ) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for &id in &selection.ids {
+            let key = keys::dead_letter(&selection.queue, id);
+            if self.get(&key)?.is_some() {
+                self.changes.remove(key);
+                count += 1;
+            }
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    fn commit(mut self, applied: &AppliedState) -> Result<Vec<AppliedEvent>, StorageError> {
         for (key, record) in self.producers {
             self.changes.insert(key, encode(&record));
         }
+        for (queue, id) in self.next_dead_letter {
+            self.changes
+                .insert(keys::next_dead_letter(&queue), encode(&id));
+        }
         self.changes.insert(keys::APPLIED.to_vec(), encode(applied));
         self.changes
-            .write(self.tree)
-            .map_err(storage_error::write_state_machine)
+            .write(self.reader.tree())
+            .map_err(storage_error::write_state_machine)?;
+        Ok(self.events)
     }
 }
 
@@ -271,8 +535,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let mut applied = self.reader.applied_state()?;
-        let mut pending = PendingApply::new(self.reader.tree());
-        let mut events = Vec::new();
+        let mut pending = PendingApply::new(self.shard, &self.reader);
         let mut replies = Vec::new();
         for (position, entry) in entries.into_iter().enumerate() {
             if position > 0 {
@@ -290,10 +553,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     let mut replies = Vec::with_capacity(ops.len());
                     for op in ops {
                         replies.push(match op {
-                            Op::Enqueue(enqueue) => {
-                                pending.enqueue(enqueue, &mut events, self.shard)?
-                            }
+                            Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
                             Op::Remove(messages) => pending.remove(messages)?,
+                            Op::SetPolicy(change) => pending.set_policy(change),
+                            Op::Discard(discard) => pending.discard(discard)?,
+                            Op::ReplayDeadLetters(selection) => {
+                                pending.replay_dead_letters(selection)?
+                            }
+                            Op::DeleteDeadLetters(selection) => {
+                                pending.delete_dead_letters(selection)?
+                            }
                         });
                     }
                     CommandReply { replies }
@@ -301,7 +570,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             replies.push(reply);
         }
-        pending.commit(&applied)?;
+        let events = pending.commit(&applied)?;
         for event in events {
             self.emit(event);
         }
@@ -347,6 +616,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         );
         tree.apply_batch(batch)
             .map_err(storage_error::write_state_machine)?;
+        self.reader.reload_policies()?;
         self.snapshot_file
             .save(meta, &data)
             .map_err(|e| storage_error::write_snapshot(signature, &e))?;

@@ -10,6 +10,8 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::Policy;
+
 openraft::declare_raft_types!(
     /// Types of every floret shard's raft group.
     pub TypeConfig:
@@ -46,6 +48,88 @@ pub enum Op {
     Enqueue(Enqueue),
     /// Delete acknowledged messages.
     Remove(Vec<MessageRef>),
+    /// Store a queue's default policy (`producer` None) or a producer's override.
+    SetPolicy(SetPolicy),
+    /// Take messages out of their producer's queue without delivering them
+    /// (expired, out of attempts, or nacked without requeue), into the
+    /// dead letters or not at all.
+    Discard(Discard),
+    /// Put dead letters back at the end of their producer's queue as new messages.
+    ReplayDeadLetters(DeadLetterSelection),
+    /// Delete dead letters.
+    DeleteDeadLetters(DeadLetterSelection),
+}
+
+/// A policy change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPolicy {
+    /// The queue.
+    pub queue: String,
+    /// The producer whose override this is; None for the queue's defaults.
+    pub producer: Option<String>,
+    /// The settings.
+    pub policy: Policy,
+    /// True: `policy` replaces what is stored. False: its set fields are
+    /// written over what is stored and the others keep their value.
+    pub replace: bool,
+}
+
+/// Messages leaving their queue undelivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discard {
+    /// When the leader decided it, ms since the Unix epoch.
+    pub at_ms: i64,
+    /// The messages.
+    pub messages: Vec<Discarded>,
+}
+
+/// One message leaving its queue undelivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discarded {
+    /// The message.
+    pub message: MessageRef,
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// Deliveries it had.
+    pub attempts: u32,
+    /// Keep it as a dead letter (else it is deleted).
+    pub dead_letter: bool,
+}
+
+/// Why a message became a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeadLetterReason {
+    /// Its producer went over `max_messages` or `max_bytes` with `dead_letter_oldest`.
+    Overflow,
+    /// Its TTL passed before it was delivered.
+    Expired,
+    /// It was delivered `max_attempts` times without an ack.
+    MaxAttempts,
+    /// A consumer nacked it without requeue.
+    Rejected,
+}
+
+impl DeadLetterReason {
+    /// The name used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overflow => "overflow",
+            Self::Expired => "ttl",
+            Self::MaxAttempts => "max_attempts",
+            Self::Rejected => "nacked",
+        }
+    }
+}
+
+/// Dead letters of one queue in one shard, by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterSelection {
+    /// The queue.
+    pub queue: String,
+    /// Dead-letter ids within the shard.
+    pub ids: Vec<u64>,
+    /// When the leader proposed it, ms since the Unix epoch (a replay's commit time).
+    pub at_ms: i64,
 }
 
 /// Messages of one producer, as the produce request brought them.
@@ -109,9 +193,29 @@ pub enum OpReply {
         /// The last producer sequence applied for that producer.
         last: u64,
     },
-    /// How many of the named messages existed and were deleted.
+    /// How many of the named messages (or dead letters) existed and were deleted.
     Removed {
         /// Messages that were still stored.
+        count: u64,
+    },
+    /// The produce would take the producer past its limits and its overflow
+    /// action is `reject`: nothing was stored.
+    OverLimit {
+        /// Messages the producer has stored.
+        messages: u64,
+        /// Bytes the producer has stored.
+        bytes: u64,
+        /// The limits in force.
+        policy: Policy,
+    },
+    /// The policy as stored after the change.
+    PolicySet {
+        /// The stored settings.
+        policy: Policy,
+    },
+    /// Dead letters put back into their producers' queues.
+    Replayed {
+        /// Dead letters that existed and were replayed.
         count: u64,
     },
 }

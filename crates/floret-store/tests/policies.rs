@@ -1,0 +1,384 @@
+//! Policies applied by the state machine: limits and their overflow actions,
+//! dead letters, and policies surviving a reopen and a snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use floret_store::policy::{Overflow, Policy};
+use floret_store::{
+    AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection, Discard,
+    Discarded, Enqueue, MessageRef, NewMessage, Op, OpReply, SetPolicy, StateMachine, TypeConfig,
+};
+use openraft::storage::RaftStateMachine;
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+const QUEUE: &str = "q";
+
+fn entry(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Command { ops }),
+    }
+}
+
+fn enqueue(producer: &str, payloads: &[&str]) -> Op {
+    Op::Enqueue(Enqueue {
+        queue: QUEUE.into(),
+        producer: producer.into(),
+        producer_sequence: None,
+        enqueued_at_ms: 1_000,
+        messages: payloads
+            .iter()
+            .map(|p| NewMessage {
+                payload: p.as_bytes().to_vec(),
+                headers: BTreeMap::new(),
+            })
+            .collect(),
+    })
+}
+
+fn set_policy(producer: Option<&str>, policy: Policy) -> Op {
+    Op::SetPolicy(SetPolicy {
+        queue: QUEUE.into(),
+        producer: producer.map(str::to_owned),
+        policy,
+        replace: false,
+    })
+}
+
+fn limit(max_messages: u64, overflow: Overflow) -> Policy {
+    Policy {
+        max_messages: Some(max_messages),
+        overflow: Some(overflow),
+        ..Policy::default()
+    }
+}
+
+/// A state machine on a fresh data dir, recording what it reports.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    _database: Database,
+    state_machine: StateMachine,
+    events: Arc<Mutex<Vec<AppliedEvent>>>,
+    next_index: u64,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::open(dir.path()).unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let recorder = events.clone();
+        let state_machine = database
+            .state_machine(
+                0,
+                Some(Arc::new(move |event| recorder.lock().unwrap().push(event))),
+            )
+            .unwrap();
+        Self {
+            _dir: dir,
+            _database: database,
+            state_machine,
+            events,
+            next_index: 1,
+        }
+    }
+
+    async fn apply(&mut self, ops: Vec<Op>) -> CommandReply {
+        let index = self.next_index;
+        self.next_index += 1;
+        self.state_machine
+            .apply(vec![entry(index, ops)])
+            .await
+            .unwrap()
+            .remove(0)
+    }
+
+    fn payloads(&self, producer: &str) -> Vec<String> {
+        let reader = self.state_machine.reader();
+        let record = reader.producer(QUEUE, producer).unwrap().unwrap();
+        (0..record.tail)
+            .filter_map(|sequence| reader.message(QUEUE, producer, sequence).unwrap())
+            .map(|message| String::from_utf8(message.payload).unwrap())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn producer_at_max_messages_with_reject_stores_nothing_while_others_produce() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(None, limit(2, Overflow::Reject))])
+        .await;
+    fixture.apply(vec![enqueue("flood", &["a", "b"])]).await;
+    let reply = fixture
+        .apply(vec![enqueue("flood", &["c"]), enqueue("quiet", &["q"])])
+        .await;
+    assert!(
+        matches!(
+            reply.replies[0],
+            OpReply::OverLimit {
+                messages: 2,
+                policy: Policy {
+                    max_messages: Some(2),
+                    ..
+                },
+                ..
+            }
+        ),
+        "{:?}",
+        reply.replies[0]
+    );
+    assert!(matches!(reply.replies[1], OpReply::Enqueued { .. }));
+    assert_eq!(fixture.payloads("flood"), ["a", "b"]);
+    assert_eq!(fixture.payloads("quiet"), ["q"]);
+}
+
+#[tokio::test]
+async fn batch_larger_than_the_limit_is_rejected_whole() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(None, limit(2, Overflow::Reject))])
+        .await;
+    let reply = fixture.apply(vec![enqueue("p", &["a", "b", "c"])]).await;
+    assert!(matches!(reply.replies[0], OpReply::OverLimit { .. }));
+    assert!(
+        fixture
+            .state_machine
+            .reader()
+            .message(QUEUE, "p", 0)
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn drop_oldest_keeps_exactly_the_newest_max_messages() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(Some("p"), limit(3, Overflow::DropOldest))])
+        .await;
+    fixture.apply(vec![enqueue("p", &["0", "1"])]).await;
+    fixture
+        .apply(vec![enqueue("p", &["2", "3"]), enqueue("p", &["4", "5"])])
+        .await;
+    assert_eq!(fixture.payloads("p"), ["3", "4", "5"]);
+    let record = fixture
+        .state_machine
+        .reader()
+        .producer(QUEUE, "p")
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.messages, record.head, record.tail), (3, 3, 6));
+    let dropped: Vec<u64> = fixture
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|event| match event {
+            AppliedEvent::Dropped { below, .. } => Some(*below),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dropped, [1, 3]);
+}
+
+#[tokio::test]
+async fn max_bytes_with_drop_oldest_counts_stored_bytes() {
+    let mut fixture = Fixture::new();
+    let one = fixture.apply(vec![enqueue("probe", &["x"])]).await;
+    assert!(matches!(one.replies[0], OpReply::Enqueued { .. }));
+    let message_bytes = fixture
+        .state_machine
+        .reader()
+        .producer(QUEUE, "probe")
+        .unwrap()
+        .unwrap()
+        .bytes;
+    let policy = Policy {
+        max_bytes: Some(2 * message_bytes),
+        overflow: Some(Overflow::DropOldest),
+        ..Policy::default()
+    };
+    fixture.apply(vec![set_policy(Some("p"), policy)]).await;
+    fixture
+        .apply(vec![enqueue("p", &["a", "b", "c", "d"])])
+        .await;
+    assert_eq!(fixture.payloads("p"), ["c", "d"]);
+}
+
+#[tokio::test]
+async fn dead_letter_oldest_keeps_the_newest_and_replay_puts_the_rest_back() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(None, limit(2, Overflow::DeadLetterOldest))])
+        .await;
+    fixture
+        .apply(vec![enqueue("p", &["0", "1", "2", "3"])])
+        .await;
+    assert_eq!(fixture.payloads("p"), ["2", "3"]);
+    let reader = fixture.state_machine.reader();
+    let dead = reader.dead_letters(QUEUE, 0, 10).unwrap();
+    let summary: Vec<_> = dead
+        .iter()
+        .map(|(id, d)| (*id, d.producer.as_str(), d.sequence, d.reason))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (0, "p", 0, DeadLetterReason::Overflow),
+            (1, "p", 1, DeadLetterReason::Overflow)
+        ]
+    );
+    fixture
+        .apply(vec![set_policy(
+            Some("p"),
+            Policy {
+                max_messages: Some(10),
+                ..Policy::default()
+            },
+        )])
+        .await;
+    let reply = fixture
+        .apply(vec![Op::ReplayDeadLetters(DeadLetterSelection {
+            queue: QUEUE.into(),
+            ids: vec![0, 1, 9],
+            at_ms: 2_000,
+        })])
+        .await;
+    assert_eq!(reply.replies, [OpReply::Replayed { count: 2 }]);
+    assert_eq!(fixture.payloads("p"), ["2", "3", "0", "1"]);
+    assert!(reader.dead_letters(QUEUE, 0, 10).unwrap().is_empty());
+    let replayed = reader.message(QUEUE, "p", 4).unwrap().unwrap();
+    assert_eq!(replayed.enqueued_at_ms, 2_000);
+}
+
+#[tokio::test]
+async fn discarded_message_is_dead_lettered_or_dropped_as_asked() {
+    let mut fixture = Fixture::new();
+    fixture.apply(vec![enqueue("p", &["keep", "drop"])]).await;
+    let discarded = |sequence, dead_letter| Discarded {
+        message: MessageRef {
+            queue: QUEUE.into(),
+            producer: "p".into(),
+            sequence,
+        },
+        reason: DeadLetterReason::MaxAttempts,
+        attempts: 5,
+        dead_letter,
+    };
+    let reply = fixture
+        .apply(vec![Op::Discard(Discard {
+            at_ms: 3_000,
+            messages: vec![discarded(0, true), discarded(1, false), discarded(1, true)],
+        })])
+        .await;
+    assert_eq!(reply.replies, [OpReply::Removed { count: 2 }]);
+    let reader = fixture.state_machine.reader();
+    let dead = reader.dead_letters(QUEUE, 0, 10).unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].1.sequence, dead[0].1.attempts), (0, 5));
+    assert!(fixture.payloads("p").is_empty());
+    let reply = fixture
+        .apply(vec![Op::DeleteDeadLetters(DeadLetterSelection {
+            queue: QUEUE.into(),
+            ids: vec![0],
+            at_ms: 4_000,
+        })])
+        .await;
+    assert_eq!(reply.replies, [OpReply::Removed { count: 1 }]);
+    assert!(reader.dead_letters(QUEUE, 0, 10).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn policy_change_merges_unless_replaced_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let database = Database::open(dir.path()).unwrap();
+        let mut state_machine = database.state_machine(0, None).unwrap();
+        let weight = Policy {
+            weight: Some(3),
+            ..Policy::default()
+        };
+        let replies = state_machine
+            .apply(vec![entry(
+                1,
+                vec![
+                    set_policy(Some("p"), weight),
+                    set_policy(Some("p"), limit(5, Overflow::DropOldest)),
+                    set_policy(
+                        None,
+                        Policy {
+                            priority: Some(2),
+                            ..Policy::default()
+                        },
+                    ),
+                ],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            replies[0].replies[1],
+            OpReply::PolicySet {
+                policy: Policy {
+                    weight: Some(3),
+                    ..limit(5, Overflow::DropOldest)
+                }
+            }
+        );
+        database.sync().await.unwrap();
+    }
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(0, None).unwrap();
+    let reader = state_machine.reader();
+    let effective = reader.policy(QUEUE, "p");
+    assert_eq!(
+        (effective.weight, effective.max_messages, effective.priority),
+        (Some(3), Some(5), Some(2))
+    );
+    state_machine
+        .apply(vec![entry(
+            2,
+            vec![Op::SetPolicy(SetPolicy {
+                queue: QUEUE.into(),
+                producer: Some("p".into()),
+                policy: Policy::default(),
+                replace: true,
+            })],
+        )])
+        .await
+        .unwrap();
+    assert_eq!(reader.stored_policy(QUEUE, Some("p")), Policy::default());
+    assert_eq!(reader.policy(QUEUE, "p").priority, Some(2));
+}
+
+#[tokio::test]
+async fn snapshot_carries_policies_to_the_replica() {
+    use openraft::RaftSnapshotBuilder;
+
+    let mut leader = Fixture::new();
+    leader
+        .apply(vec![set_policy(Some("p"), limit(7, Overflow::Reject))])
+        .await;
+    let snapshot = leader
+        .state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let mut replica = Fixture::new();
+    replica
+        .state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        replica
+            .state_machine
+            .reader()
+            .policy(QUEUE, "p")
+            .max_messages,
+        Some(7)
+    );
+}
