@@ -92,13 +92,29 @@ impl Consumer {
 
     /// Acks deliveries; their outcomes arrive later as [`ConsumerEvent::Settled`].
     pub async fn ack(&self, delivery_ids: Vec<String>) -> Result<(), ClientError> {
-        self.send(consume_request::Request::Ack(v1::Settle { delivery_ids }))
-            .await
+        self.send(consume_request::Request::Ack(v1::Settle {
+            delivery_ids,
+            dead_letter: false,
+        }))
+        .await
     }
 
     /// Hands deliveries back for redelivery.
     pub async fn nack(&self, delivery_ids: Vec<String>) -> Result<(), ClientError> {
-        self.send(consume_request::Request::Nack(v1::Settle { delivery_ids }))
-            .await
+        self.send(consume_request::Request::Nack(v1::Settle {
+            delivery_ids,
+            dead_letter: false,
+        }))
+        .await
+    }
+
+    /// Refuses deliveries for good: they move to the queue's dead letters
+    /// instead of being delivered again.
+    pub async fn dead_letter(&self, delivery_ids: Vec<String>) -> Result<(), ClientError> {
+        self.send(consume_request::Request::Nack(v1::Settle {
+            delivery_ids,
+            dead_letter: true,
+        }))
+        .await
     }
 }

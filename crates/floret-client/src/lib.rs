@@ -29,7 +29,7 @@ pub use floret_proto::v1::{
     AckResponse, ClusterStatusResponse, Delivery, Message, ProduceResponse, QueueStatsResponse,
     SettleOutcome,
 };
-pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable};
+pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 
 /// Largest response the client accepts: a delivery of a 1 MiB payload plus headers fits easily.
 const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -99,8 +99,10 @@ impl Client {
         self
     }
 
-    /// Sends one batch once; not retried, since without an idempotency
-    /// sequence a retry after a lost answer could store it twice.
+    /// Sends one batch. Retried only when the server throttled it (nothing
+    /// was stored), honouring its retry-after hint; not after other
+    /// failures, since without an idempotency sequence a retry after a lost
+    /// answer could store it twice.
     pub async fn produce(
         &self,
         queue: &str,
@@ -113,7 +115,7 @@ impl Client {
             messages,
             producer_sequence: None,
         };
-        Ok(self.floret.clone().produce(request).await?.into_inner())
+        self.send_produce(request, is_throttled).await
     }
 
     /// Sends one batch with the producer's idempotency sequence, retrying
@@ -131,16 +133,26 @@ impl Client {
             messages,
             producer_sequence: Some(producer_sequence),
         };
+        self.send_produce(request, is_retryable).await
+    }
+
+    /// Sends a produce, retrying the failures `retry_on` allows with
+    /// back-off until the policy gives up.
+    async fn send_produce(
+        &self,
+        request: v1::ProduceRequest,
+        retry_on: fn(&tonic::Status) -> bool,
+    ) -> Result<ProduceResponse, ClientError> {
         let started = Instant::now();
         let mut attempt = 0;
         loop {
             match self.floret.clone().produce(request.clone()).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status)
-                    if is_retryable(&status) && started.elapsed() < self.retry.give_up_after =>
+                    if retry_on(&status) && started.elapsed() < self.retry.give_up_after =>
                 {
                     let wait = self.retry.backoff(attempt, &status);
-                    tracing::debug!(%status, ?wait, "produce unavailable; retrying");
+                    tracing::debug!(%status, ?wait, "produce refused for now; retrying");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }

@@ -1,6 +1,7 @@
-//! Back-off for retrying calls the server answered UNAVAILABLE, honouring
-//! the server's `floret-retry-after-ms` hint, with jitter so that many
-//! clients do not retry in lock step.
+//! Back-off for retrying calls the server answered UNAVAILABLE or
+//! throttled (RESOURCE_EXHAUSTED with a hint), honouring the server's
+//! `floret-retry-after-ms` hint, with jitter so that many clients do not
+//! retry in lock step.
 
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
@@ -30,17 +31,15 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Wait before retry number `attempt` (0-based) after `status`: the
-    /// server's hint if it gave one, else exponential back-off; plus up to 50% jitter.
+    /// Wait before retry number `attempt` (0-based) after `status`:
+    /// exponential back-off up to `max_backoff`, but never less than the
+    /// server's hint; plus up to 50% jitter.
     pub fn backoff(&self, attempt: u32, status: &tonic::Status) -> Duration {
-        let hinted = status
-            .metadata()
-            .get(RETRY_AFTER_MS)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_millis);
-        let exponential = self.initial_backoff.saturating_mul(1 << attempt.min(16));
-        let base = hinted.unwrap_or(exponential).min(self.max_backoff);
+        let exponential = self
+            .initial_backoff
+            .saturating_mul(1 << attempt.min(16))
+            .min(self.max_backoff);
+        let base = retry_after(status).map_or(exponential, |hint| hint.max(exponential));
         base + base.mul_f64(jitter_fraction() * 0.5)
     }
 }
@@ -51,18 +50,37 @@ fn jitter_fraction() -> f64 {
     (RandomState::new().hash_one(0u8) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The server's retry-after hint, if it gave one.
+fn retry_after(status: &tonic::Status) -> Option<Duration> {
+    status
+        .metadata()
+        .get(RETRY_AFTER_MS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+}
+
+/// Whether the server refused a produce to slow its producer down
+/// (RESOURCE_EXHAUSTED with a retry-after hint: over its rate, over its
+/// limits, or the node is short of room): nothing was stored, so any
+/// produce may be sent again, idempotent or not.
+pub fn is_throttled(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::ResourceExhausted && retry_after(status).is_some()
+}
+
 /// Whether a failed call that carries an idempotency sequence may be
 /// retried: the server was unavailable, or the call broke off in transport
 /// (a node died mid-call: tonic reports UNKNOWN or CANCELLED) or timed out,
 /// so its outcome is unknown and a repeat with the same sequence is harmless.
 pub fn is_retryable(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-            | tonic::Code::DeadlineExceeded
-    )
+    is_throttled(status)
+        || matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::DeadlineExceeded
+        )
 }
 
 #[cfg(test)]
@@ -70,15 +88,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn server_hint_replaces_exponential_backoff() {
+    fn server_hint_is_a_floor_under_the_exponential_backoff() {
         let policy = RetryPolicy::default();
         let mut status = tonic::Status::unavailable("no leader");
         status.metadata_mut().insert(RETRY_AFTER_MS, 300u64.into());
-        let wait = policy.backoff(5, &status);
+        let first = policy.backoff(0, &status);
         assert!(
-            wait >= Duration::from_millis(300) && wait < Duration::from_millis(451),
-            "{wait:?}"
+            first >= Duration::from_millis(300) && first < Duration::from_millis(451),
+            "{first:?}"
         );
+        let later = policy.backoff(5, &status);
+        assert!(later >= Duration::from_secs(1), "{later:?}");
+        status
+            .metadata_mut()
+            .insert(RETRY_AFTER_MS, 2_000u64.into());
+        assert!(policy.backoff(0, &status) >= Duration::from_secs(2));
+    }
+
+    #[test]
+    fn throttle_is_retryable_only_with_a_hint() {
+        let mut status = tonic::Status::resource_exhausted("over its share");
+        assert!(!is_retryable(&status));
+        status.metadata_mut().insert(RETRY_AFTER_MS, 50u64.into());
+        assert!(is_throttled(&status) && is_retryable(&status));
     }
 
     #[test]

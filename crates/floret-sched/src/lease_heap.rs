@@ -73,7 +73,9 @@ mod tests {
     #[test]
     fn leases_come_due_earliest_first_and_not_before_their_deadline() {
         let mut slab = Slab::new();
-        let (slot, _) = slab.get_or_insert_with(&"a", || ProducerSlot::new("a", 1));
+        let (slot, _) = slab.get_or_insert_with(&"a", || {
+            ProducerSlot::new("a", crate::producer::ProducerPolicy::default())
+        });
         let now = Instant::now();
         let lease = |seconds, sequence| LeaseEntry {
             deadline: now + Duration::from_secs(seconds),

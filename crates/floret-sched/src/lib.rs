@@ -3,8 +3,9 @@
 //!
 //! floret-sched owns the in-node level of fairness described in DESIGN.md
 //! ("Fairness, two levels"): deficit round robin across the producers that
-//! have deliverable messages, each getting `weight` messages per turn, plus the
-//! delivery leases that turn a missing ack into a redelivery.
+//! have deliverable messages, each getting `weight` messages per turn, in
+//! priority tiers (a higher tier first), with an optional limit of leases per
+//! producer; plus the delivery leases that turn a missing ack into a redelivery.
 //!
 //! How it fits: the store persists messages and tells the server which
 //! sequences were committed; the server's per-queue dispatcher drives a
@@ -24,8 +25,8 @@
 //! - A producer's slot, tail included, is dropped once it holds nothing. A
 //!   range announced again after that (sequences already acked) is taken as new
 //!   and delivered again: the caller must announce each sequence once.
-//! - Max in flight per producer (strict per-producer order), priority tiers,
-//!   TTL and dead-lettering are not here yet; the caller applies them.
+//! - TTL and dead-lettering are the caller's: it checks a dispatch's age
+//!   and attempt against the producer's policy.
 //! - Every message costs one credit whatever its size: DRR counts messages,
 //!   not bytes.
 //! - The lease timeout is one value for the whole scheduler, fixed at
@@ -33,8 +34,11 @@
 //! - The slab of producer slots never shrinks: its length is the peak number
 //!   of producers holding messages at once (a freed slot keeps only a
 //!   generation number).
-//! - Weight overrides are kept until reset with `set_weight(p, None)`, even
+//! - Policy overrides are kept until reset with `set_policy(p, None)`, even
 //!   across [`Scheduler::forget`], since they are policy rather than state.
+//! - A tier change or a lowered in-flight limit leaves a stale ring entry
+//!   behind, dropped when it reaches the front: a producer changing tier
+//!   over and over grows its old ring until that ring is served.
 
 mod config;
 mod dispatch;
@@ -51,5 +55,5 @@ pub use config::SchedulerConfig;
 pub use dispatch::Dispatch;
 pub use error::SettleError;
 pub use jain::jain_index;
-pub use producer::ProducerView;
+pub use producer::{ProducerPolicy, ProducerView};
 pub use scheduler::Scheduler;

@@ -6,6 +6,28 @@ use std::ops::Range;
 use crate::error::SettleError;
 use crate::undelivered::Undelivered;
 
+/// How the scheduler treats one producer: its override, or the scheduler's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerPolicy {
+    /// DRR quantum (messages per turn); 0 counts as 1.
+    pub weight: u32,
+    /// Tier: every producer of a higher tier is served before any of a lower one.
+    pub priority: u32,
+    /// Most of its messages leased at once (1: strict order, redeliveries
+    /// included); `None` means no limit, 0 counts as 1.
+    pub max_in_flight: Option<u32>,
+}
+
+impl Default for ProducerPolicy {
+    fn default() -> Self {
+        Self {
+            weight: crate::config::DEFAULT_WEIGHT,
+            priority: 0,
+            max_in_flight: None,
+        }
+    }
+}
+
 /// Per-producer numbers for stats and the admin API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerView {
@@ -33,25 +55,59 @@ pub(crate) struct ProducerSlot<K> {
     leases: HashMap<u64, u32>,
     /// DRR quantum, granted as credits at the start of each turn.
     pub(crate) weight: u32,
+    /// Tier whose ring the producer joins.
+    pub(crate) priority: u32,
+    /// Most leases at once (`u32::MAX`: no limit).
+    pub(crate) max_in_flight: u32,
     /// Credits left in the current turn.
     pub(crate) deficit: u32,
-    /// Whether the producer has an entry in the ring; true exactly while it
-    /// has something ready.
+    /// Whether the producer has a live entry in its tier's ring; true
+    /// exactly while it has something ready and is under `max_in_flight`.
     pub(crate) in_ring: bool,
+    /// Bumped on every join, so entries of earlier stays in a ring go stale.
+    pub(crate) ticket: u32,
 }
 
 impl<K> ProducerSlot<K> {
-    /// A slot holding nothing yet.
-    pub(crate) fn new(key: K, weight: u32) -> Self {
-        Self {
+    /// A slot holding nothing yet, scheduled as `policy` says.
+    pub(crate) fn new(key: K, policy: ProducerPolicy) -> Self {
+        let mut slot = Self {
             key,
             undelivered: Undelivered::new(),
             redeliveries: BTreeMap::new(),
             leases: HashMap::new(),
-            weight,
+            weight: 1,
+            priority: 0,
+            max_in_flight: u32::MAX,
             deficit: 0,
             in_ring: false,
-        }
+            ticket: 0,
+        };
+        slot.adopt(policy);
+        slot
+    }
+
+    /// Takes `policy`'s weight, tier and in-flight limit (the caller moves
+    /// the ring entry).
+    pub(crate) fn adopt(&mut self, policy: ProducerPolicy) {
+        self.weight = policy.weight.max(1);
+        self.priority = policy.priority;
+        self.max_in_flight = policy.max_in_flight.map_or(u32::MAX, |max| max.max(1));
+    }
+
+    /// Whether the producer belongs in the ring: something ready and room
+    /// for another lease.
+    pub(crate) fn eligible(&self) -> bool {
+        self.ready() > 0 && self.in_flight() < u64::from(self.max_in_flight)
+    }
+
+    /// Drops every deliverable sequence below `below` (they were deleted);
+    /// returns how many. Leases are kept: their settles find the message gone.
+    pub(crate) fn drop_before(&mut self, below: u64) -> u64 {
+        let kept = self.redeliveries.split_off(&below);
+        let dropped = self.redeliveries.len() as u64;
+        self.redeliveries = kept;
+        dropped + self.undelivered.drop_before(below)
     }
 
     /// Announces committed sequences; returns how many became deliverable.
@@ -122,7 +178,7 @@ mod tests {
     use super::*;
 
     fn slot_with(range: Range<u64>) -> ProducerSlot<&'static str> {
-        let mut slot = ProducerSlot::new("a", 1);
+        let mut slot = ProducerSlot::new("a", ProducerPolicy::default());
         slot.extend(range);
         slot
     }

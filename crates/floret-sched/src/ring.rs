@@ -1,19 +1,30 @@
 //! The DRR ring: backlogged producers in turn order.
 //!
 //! Only the front is ever looked at. A producer that leaves the ring anywhere
-//! but at the front (it was forgotten) leaves its entry behind; the entry's
-//! [`SlotId`] no longer matches a live slot and the scheduler drops it when it
-//! reaches the front. The counters are exact at all times.
+//! but at the front (it was forgotten, moved to another tier, or reached its
+//! in-flight limit) leaves its entry behind; the entry's [`RingEntry`] no
+//! longer matches a slot in the ring with the same ticket, and the scheduler
+//! drops it when it reaches the front. The counters are exact at all times.
 
 use std::collections::VecDeque;
 
 use crate::slab::SlotId;
 
+/// One place in the ring: a slot and the ticket it got when it joined, so
+/// an entry left behind by an earlier stay in the ring is told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingEntry {
+    /// The producer's slot.
+    pub(crate) slot: SlotId,
+    /// The slot's ticket when it joined.
+    pub(crate) ticket: u32,
+}
+
 /// Turn order plus the totals the cluster level reads.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ring {
     /// Producers in turn order, possibly with stale entries.
-    order: VecDeque<SlotId>,
+    order: VecDeque<RingEntry>,
     /// Producers really in the ring.
     producers: usize,
     /// Sum of their weights.
@@ -22,14 +33,14 @@ pub(crate) struct Ring {
 
 impl Ring {
     /// Puts a producer that just became backlogged at the back.
-    pub(crate) fn join(&mut self, id: SlotId, weight: u32) {
-        self.order.push_back(id);
+    pub(crate) fn join(&mut self, entry: RingEntry, weight: u32) {
+        self.order.push_back(entry);
         self.producers += 1;
         self.weight += u64::from(weight);
     }
 
     /// The producer whose turn it is, or a stale entry.
-    pub(crate) fn front(&self) -> Option<SlotId> {
+    pub(crate) fn front(&self) -> Option<RingEntry> {
         self.order.front().copied()
     }
 
@@ -71,7 +82,6 @@ impl Ring {
     }
 
     /// Entries, stale ones included.
-    #[cfg(test)]
     pub(crate) fn entries(&self) -> usize {
         self.order.len()
     }

@@ -1,13 +1,17 @@
-//! The scheduler: deficit round robin over producers, and delivery leases.
+//! The scheduler: deficit round robin over producers in priority tiers, and
+//! delivery leases.
 //!
-//! A producer is in the ring while it has something ready. On its turn it gets
-//! `weight` credits (when it has none left over), each dispatch spends one, and
-//! it goes to the back when they run out or leaves the ring when it has nothing
-//! ready. Every operation touches one slot and the front of the ring, so cost
-//! does not grow with the number of producers; the lease heap adds O(log
-//! leases) per dispatch and per expiry.
+//! A producer is in its tier's ring while it has something ready and fewer
+//! leases than its `max_in_flight`. The highest tier with a producer in its
+//! ring is served; inside it, the front producer gets `weight` credits on its
+//! turn (when it has none left over), each dispatch spends one, and it goes to
+//! the back when they run out or leaves the ring when it has nothing ready or
+//! reached its in-flight limit. Every operation touches one slot and the
+//! front of one ring (plus a look over the few tiers in use), so cost does not
+//! grow with the number of producers; the lease heap adds O(log leases) per
+//! dispatch and per expiry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::ops::Range;
 use std::time::Instant;
@@ -16,8 +20,8 @@ use crate::config::SchedulerConfig;
 use crate::dispatch::Dispatch;
 use crate::error::SettleError;
 use crate::lease_heap::{LeaseEntry, LeaseHeap};
-use crate::producer::{ProducerSlot, ProducerView};
-use crate::ring::Ring;
+use crate::producer::{ProducerPolicy, ProducerSlot, ProducerView};
+use crate::ring::{Ring, RingEntry};
 use crate::slab::{Slab, SlotId};
 
 #[cfg(test)]
@@ -27,14 +31,16 @@ mod tests;
 /// its shard); see the crate docs for how the server drives it.
 #[derive(Debug, Clone)]
 pub struct Scheduler<K> {
-    /// Lease timeout and default weight.
+    /// Lease timeout.
     config: SchedulerConfig,
+    /// How producers without an override are scheduled.
+    defaults: ProducerPolicy,
     /// Producers holding something ready or leased.
     slots: Slab<K>,
-    /// Weight overrides, kept even for producers without a slot.
-    weights: HashMap<K, u32>,
-    /// Backlogged producers in turn order.
-    ring: Ring,
+    /// Policy overrides, kept even for producers without a slot.
+    overrides: HashMap<K, ProducerPolicy>,
+    /// Per priority tier, its eligible producers in turn order.
+    tiers: BTreeMap<u32, Ring>,
     /// Lease deadlines, for `expire` and `next_deadline`.
     lease_heap: LeaseHeap,
     /// Deliverable messages over all slots.
@@ -47,13 +53,14 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
     /// A scheduler holding nothing.
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            config: SchedulerConfig {
-                default_weight: config.default_weight.max(1),
-                ..config
+            defaults: ProducerPolicy {
+                weight: config.default_weight.max(1),
+                ..ProducerPolicy::default()
             },
+            config,
             slots: Slab::new(),
-            weights: HashMap::new(),
-            ring: Ring::default(),
+            overrides: HashMap::new(),
+            tiers: BTreeMap::new(),
             lease_heap: LeaseHeap::default(),
             ready: 0,
             in_flight: 0,
@@ -72,59 +79,98 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         if sequences.is_empty() {
             return;
         }
-        let (weights, default_weight) = (&self.weights, self.config.default_weight);
+        let (overrides, defaults) = (&self.overrides, self.defaults);
         let (id, slot) = self.slots.get_or_insert_with(producer, || {
-            let weight = weights.get(producer).copied().unwrap_or(default_weight);
-            ProducerSlot::new(producer.clone(), weight)
+            let policy = overrides.get(producer).copied().unwrap_or(defaults);
+            ProducerSlot::new(producer.clone(), policy)
         });
         let added = slot.extend(sequences);
         self.ready += added;
-        if added > 0 && !slot.in_ring {
-            slot.in_ring = true;
-            self.ring.join(id, slot.weight);
+        if added > 0 {
+            self.join_if_eligible(id);
         }
     }
 
-    /// Weight override for `producer`; `None` goes back to the default and 0
-    /// counts as 1. Kept while the producer is idle (overrides are the only
-    /// memory an idle producer costs) and across [`Self::forget`]. Takes
-    /// effect from the producer's next turn; [`Self::backlogged_weight`]
+    /// Policy override for `producer` (weight, tier, in-flight limit);
+    /// `None` goes back to the defaults. Kept while the producer is idle
+    /// (overrides are the only memory an idle producer costs) and across
+    /// [`Self::forget`]. A new weight takes effect from the producer's next
+    /// turn, a new tier or limit at once; [`Self::backlogged_weight`]
     /// reflects it at once.
-    pub fn set_weight(&mut self, producer: &K, weight: Option<u32>) {
-        match weight {
-            Some(weight) => {
-                self.weights.insert(producer.clone(), weight.max(1));
+    pub fn set_policy(&mut self, producer: &K, policy: Option<ProducerPolicy>) {
+        match policy {
+            Some(policy) => {
+                self.overrides.insert(producer.clone(), policy);
             }
             None => {
-                self.weights.remove(producer);
+                self.overrides.remove(producer);
             }
         }
-        let weight = self.weight_of(producer);
-        if let Some(slot) = self.slots.by_key_mut(producer) {
-            if slot.in_ring {
-                self.ring.reweigh(slot.weight, weight);
-            }
-            slot.weight = weight;
+        let policy = self.policy_of(producer);
+        if let Some(id) = self.slots.id_of(producer) {
+            self.reschedule(id, policy);
         }
+    }
+
+    /// How producers without an override are scheduled from now on.
+    /// O(producers holding messages).
+    pub fn set_defaults(&mut self, defaults: ProducerPolicy) {
+        self.defaults = defaults;
+        let inheriting: Vec<SlotId> = self
+            .slots
+            .keys()
+            .filter(|key| !self.overrides.contains_key(*key))
+            .filter_map(|key| self.slots.id_of(key))
+            .collect();
+        for id in inheriting {
+            self.reschedule(id, defaults);
+        }
+    }
+
+    /// The producer's messages below `below` were deleted (its oldest were
+    /// dropped or dead-lettered): they are no longer deliverable. Leased ones
+    /// stay leased; their settles find them gone. Returns how many were
+    /// dropped. O(holes and redeliveries below `below`).
+    pub fn drop_before(&mut self, producer: &K, below: u64) -> u64 {
+        let Some(id) = self.slots.id_of(producer) else {
+            return 0;
+        };
+        let slot = self.slots.get_mut(id).expect("id just looked up");
+        let dropped = slot.drop_before(below);
+        self.ready -= dropped;
+        if slot.in_ring && slot.ready() == 0 {
+            slot.in_ring = false;
+            slot.deficit = 0;
+            self.tiers
+                .get_mut(&slot.priority)
+                .expect("a producer in a ring has its tier")
+                .forget(slot.weight);
+        }
+        if slot.is_empty() {
+            self.slots.remove(id);
+            self.discard_stale_leases();
+        }
+        dropped
     }
 
     /// Next message to deliver, chosen by deficit round robin and leased until
     /// `now + lease_timeout`. `None` when nothing is ready. O(1) amortised
     /// (plus O(log leases) for the lease heap).
     pub fn next(&mut self, now: Instant) -> Option<Dispatch<K>> {
-        let id = self.front_of_ring()?;
+        let (tier, id) = self.front_of_rings()?;
         let slot = self.slots.get_mut(id)?;
         let (sequence, attempt) = slot.lease_next()?;
         if slot.deficit == 0 {
             slot.deficit = slot.weight;
         }
         slot.deficit -= 1;
-        if slot.ready() == 0 {
+        let ring = self.tiers.get_mut(&tier).expect("front found in this tier");
+        if !slot.eligible() {
             slot.in_ring = false;
             slot.deficit = 0;
-            self.ring.leave_front(slot.weight);
+            ring.leave_front(slot.weight);
         } else if slot.deficit == 0 {
-            self.ring.rotate();
+            ring.rotate();
         }
         self.ready -= 1;
         self.in_flight += 1;
@@ -162,6 +208,8 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         self.in_flight -= 1;
         if slot.is_empty() {
             self.slots.remove(id);
+        } else {
+            self.join_if_eligible(id);
         }
         self.discard_stale_leases();
         Ok(())
@@ -222,8 +270,10 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         let Some(slot) = self.slots.remove(id) else {
             return;
         };
-        if slot.in_ring {
-            self.ring.forget(slot.weight);
+        if slot.in_ring
+            && let Some(ring) = self.tiers.get_mut(&slot.priority)
+        {
+            ring.forget(slot.weight);
         }
         self.ready -= slot.ready();
         self.in_flight -= slot.in_flight();
@@ -235,15 +285,15 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         self.slots.by_key(producer).map(ProducerSlot::view)
     }
 
-    /// Producers with deliverable messages (in the ring).
+    /// Producers with deliverable messages and room for another lease (in a ring).
     pub fn backlogged_producers(&self) -> usize {
-        self.ring.producers()
+        self.tiers.values().map(Ring::producers).sum()
     }
 
-    /// Sum of the weights of producers in the ring, which the gossip view
+    /// Sum of the weights of producers in the rings, which the gossip view
     /// reports so the cluster can split consumer credit between nodes.
     pub fn backlogged_weight(&self) -> u64 {
-        self.ring.weight()
+        self.tiers.values().map(Ring::weight).sum()
     }
 
     /// Deliverable (not leased) messages over all producers.
@@ -256,24 +306,84 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         self.in_flight
     }
 
-    /// The producer whose turn it is, dropping stale entries on the way. A
-    /// producer in the ring always has something ready.
-    fn front_of_ring(&mut self) -> Option<SlotId> {
-        loop {
-            let id = self.ring.front()?;
-            if self.slots.get(id).is_some() {
-                return Some(id);
+    /// The tier served now and the producer whose turn it is there: the
+    /// front of the highest tier with a live entry, dropping stale entries
+    /// (and drained tiers) on the way.
+    fn front_of_rings(&mut self) -> Option<(u32, SlotId)> {
+        let mut drained = false;
+        let mut found = None;
+        for (&tier, ring) in self.tiers.iter_mut().rev() {
+            while let Some(entry) = ring.front() {
+                if self.slots.get(entry.slot).is_some_and(|slot| {
+                    slot.in_ring && slot.ticket == entry.ticket && slot.priority == tier
+                }) {
+                    found = Some((tier, entry.slot));
+                    break;
+                }
+                ring.drop_stale_front();
             }
-            self.ring.drop_stale_front();
+            if found.is_some() {
+                break;
+            }
+            drained |= ring.entries() == 0;
         }
+        if drained {
+            self.tiers.retain(|_, ring| ring.entries() > 0);
+        }
+        found
     }
 
-    /// Weight `producer` gets: its override, else the default.
-    fn weight_of(&self, producer: &K) -> u32 {
-        self.weights
+    /// The policy `producer` gets: its override, else the defaults.
+    fn policy_of(&self, producer: &K) -> ProducerPolicy {
+        self.overrides
             .get(producer)
             .copied()
-            .unwrap_or(self.config.default_weight)
+            .unwrap_or(self.defaults)
+    }
+
+    /// Puts slot `id` at the back of its tier's ring if it belongs there and is not in it.
+    fn join_if_eligible(&mut self, id: SlotId) {
+        let Some(slot) = self.slots.get_mut(id) else {
+            return;
+        };
+        if slot.in_ring || !slot.eligible() {
+            return;
+        }
+        slot.in_ring = true;
+        slot.ticket = slot.ticket.wrapping_add(1);
+        self.tiers.entry(slot.priority).or_default().join(
+            RingEntry {
+                slot: id,
+                ticket: slot.ticket,
+            },
+            slot.weight,
+        );
+    }
+
+    /// Applies a changed policy to slot `id`: a new tier or a reached
+    /// in-flight limit takes it out of its ring (its entry goes stale), and
+    /// it joins again where it now belongs.
+    fn reschedule(&mut self, id: SlotId, policy: ProducerPolicy) {
+        let Some(slot) = self.slots.get_mut(id) else {
+            return;
+        };
+        let was_in_ring = slot.in_ring;
+        let (old_tier, old_weight) = (slot.priority, slot.weight);
+        slot.adopt(policy);
+        if was_in_ring {
+            let ring = self
+                .tiers
+                .get_mut(&old_tier)
+                .expect("a producer in a ring has its tier");
+            if slot.priority == old_tier && slot.eligible() {
+                ring.reweigh(old_weight, slot.weight);
+                return;
+            }
+            ring.forget(old_weight);
+            slot.in_ring = false;
+            slot.deficit = 0;
+        }
+        self.join_if_eligible(id);
     }
 
     /// Moves the live lease `(sequence, attempt)` of slot `id` back to
@@ -284,10 +394,7 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         slot.hand_back(sequence, attempt);
         self.in_flight -= 1;
         self.ready += 1;
-        if !slot.in_ring {
-            slot.in_ring = true;
-            self.ring.join(id, slot.weight);
-        }
+        self.join_if_eligible(id);
         Ok(())
     }
 

@@ -64,12 +64,6 @@ impl<K: Clone + Eq + Hash> Slab<K> {
         self.entries[index].slot.as_ref()
     }
 
-    /// `key`'s slot, if it has one.
-    pub(crate) fn by_key_mut(&mut self, key: &K) -> Option<&mut ProducerSlot<K>> {
-        let index = *self.by_key.get(key)?;
-        self.entries[index].slot.as_mut()
-    }
-
     /// The slot `id` names, unless it was freed since.
     pub(crate) fn get(&self, id: SlotId) -> Option<&ProducerSlot<K>> {
         let entry = self.entries.get(id.index)?;
@@ -141,6 +135,11 @@ impl<K: Clone + Eq + Hash> Slab<K> {
         Some(slot)
     }
 
+    /// Keys of the occupied slots.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.by_key.keys()
+    }
+
     /// Number of occupied slots.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -151,13 +150,16 @@ impl<K: Clone + Eq + Hash> Slab<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::producer::ProducerPolicy;
 
     #[test]
     fn reused_slot_does_not_answer_to_old_id() {
         let mut slab = Slab::new();
-        let (a, _) = slab.get_or_insert_with(&"a", || ProducerSlot::new("a", 1));
+        let (a, _) =
+            slab.get_or_insert_with(&"a", || ProducerSlot::new("a", ProducerPolicy::default()));
         assert!(slab.remove(a).is_some());
-        let (b, _) = slab.get_or_insert_with(&"b", || ProducerSlot::new("b", 1));
+        let (b, _) =
+            slab.get_or_insert_with(&"b", || ProducerSlot::new("b", ProducerPolicy::default()));
         assert_eq!(a.index, b.index);
         assert!(slab.get(a).is_none());
         assert!(slab.remove(a).is_none());
@@ -168,9 +170,11 @@ mod tests {
     #[test]
     fn existing_slot_is_not_replaced() {
         let mut slab = Slab::new();
-        let (a, slot) = slab.get_or_insert_with(&"a", || ProducerSlot::new("a", 1));
+        let (a, slot) =
+            slab.get_or_insert_with(&"a", || ProducerSlot::new("a", ProducerPolicy::default()));
         slot.weight = 5;
-        let (again, slot) = slab.get_or_insert_with(&"a", || ProducerSlot::new("a", 1));
+        let (again, slot) =
+            slab.get_or_insert_with(&"a", || ProducerSlot::new("a", ProducerPolicy::default()));
         assert_eq!((again, slot.weight), (a, 5));
         assert_eq!(slab.len(), 1);
     }
@@ -178,7 +182,8 @@ mod tests {
     #[test]
     fn removed_slot_drops_its_key() {
         let mut slab = Slab::new();
-        let (a, _) = slab.get_or_insert_with(&"a", || ProducerSlot::new("a", 1));
+        let (a, _) =
+            slab.get_or_insert_with(&"a", || ProducerSlot::new("a", ProducerPolicy::default()));
         slab.remove(a);
         assert_eq!(slab.id_of(&"a"), None);
         assert!(slab.by_key(&"a").is_none());

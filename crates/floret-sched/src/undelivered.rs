@@ -59,6 +59,24 @@ impl Undelivered {
         Some(sequence)
     }
 
+    /// Drops every sequence below `below`; returns how many there were.
+    pub(crate) fn drop_before(&mut self, below: u64) -> u64 {
+        let mut dropped = 0;
+        while let Some(run) = self.runs.front_mut() {
+            if run.start >= below {
+                break;
+            }
+            let end = run.end.min(below);
+            dropped += end - run.start;
+            run.start = end;
+            if run.is_empty() {
+                self.runs.pop_front();
+            }
+        }
+        self.len -= dropped;
+        dropped
+    }
+
     /// Number of never-delivered sequences.
     pub(crate) fn len(&self) -> u64 {
         self.len
@@ -71,6 +89,17 @@ mod tests {
 
     fn drain(queue: &mut Undelivered) -> Vec<u64> {
         std::iter::from_fn(|| queue.pop()).collect()
+    }
+
+    #[test]
+    fn dropping_below_a_sequence_skips_runs_and_holes() {
+        let mut queue = Undelivered::new();
+        queue.extend(0..3);
+        queue.extend(5..8);
+        assert_eq!(queue.drop_before(6), 4);
+        assert_eq!(queue.len(), 2);
+        assert_eq!(queue.drop_before(2), 0);
+        assert_eq!(drain(&mut queue), [6, 7]);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use floret_sched::{Scheduler, SchedulerConfig, SettleError};
+use floret_sched::{ProducerPolicy, Scheduler, SchedulerConfig, SettleError};
 use proptest::prelude::*;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,7 +50,7 @@ proptest! {
         let now = Instant::now();
         let mut tails: Vec<u64> = backlog[..weights.len()].to_vec();
         for (producer, (&weight, &tail)) in (0u8..).zip(weights.iter().zip(&tails)) {
-            scheduler.set_weight(&producer, Some(weight));
+            scheduler.set_policy(&producer, Some(weighted(weight)));
             scheduler.enqueued(&producer, 0..tail);
         }
         let mut log = Vec::new();
@@ -357,5 +357,13 @@ proptest! {
         for producer in 0..PRODUCERS {
             prop_assert_eq!(scheduler.producer(&producer), None);
         }
+    }
+}
+
+/// An override giving `weight` and the defaults' other settings.
+fn weighted(weight: u32) -> ProducerPolicy {
+    ProducerPolicy {
+        weight,
+        ..ProducerPolicy::default()
     }
 }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floret_sched::{Scheduler, SchedulerConfig};
+use floret_sched::{ProducerPolicy, Scheduler, SchedulerConfig};
 
 /// Set to 1 to rewrite the recorded output instead of comparing.
 const UPDATE_ENV: &str = "FLORET_UPDATE_SCRIPTS";
@@ -131,12 +131,12 @@ impl Runner {
                 Ok(Vec::new())
             }
             ["weight", producer, "default"] => {
-                self.scheduler.set_weight(&key(producer), None);
+                self.scheduler.set_policy(&key(producer), None);
                 Ok(Vec::new())
             }
             ["weight", producer, weight] => {
                 self.scheduler
-                    .set_weight(&key(producer), Some(parse(weight)?));
+                    .set_policy(&key(producer), Some(weighted(parse(weight)?)));
                 Ok(Vec::new())
             }
             ["next"] => Ok(self.next(1)),
@@ -285,4 +285,12 @@ fn diff(recorded: &str, replayed: &str) -> String {
         }
     }
     shown
+}
+
+/// An override giving `weight` and the defaults' other settings.
+fn weighted(weight: u32) -> ProducerPolicy {
+    ProducerPolicy {
+        weight,
+        ..ProducerPolicy::default()
+    }
 }

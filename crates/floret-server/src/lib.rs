@@ -16,14 +16,20 @@
 //! Nodes of a cluster publish their load over gossip ([`load_view`]) and
 //! split each consumer's credits between nodes by backlogged weight.
 //!
+//! Producer policies (weights, tiers, limits, TTL, attempts, rates) are
+//! replicated with the queues; [`policy`] maps them onto the scheduler and
+//! the produce path, and the Admin service sets them and manages dead letters.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - No policies beyond the default weight.
+//! - No node-level backpressure, delayed delivery or idle-producer clean-up yet.
 
+pub mod commit;
 pub mod config;
 pub mod delivery_id;
 pub mod dispatcher;
 mod load_view;
 mod node;
+pub mod policy;
 mod proposer;
 mod rebalance;
 pub mod request;

@@ -31,6 +31,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::commit::Committer;
 use crate::config::Config;
 use crate::dispatcher::{self, DispatcherHandle};
 use crate::load_view::LoadView;
@@ -132,10 +133,11 @@ impl Node {
                 .collect(),
         );
         dispatcher::spawn(
-            dispatcher_inbox,
+            (dispatcher.clone(), dispatcher_inbox),
             (0..config.shards)
                 .map(|shard| shards.group(shard).map(|group| group.reader.clone()))
                 .collect(),
+            proposers.clone(),
             SchedulerConfig {
                 default_weight: 1,
                 lease_timeout: config.lease_timeout(),
@@ -181,7 +183,7 @@ impl Node {
         let peer = PeerServer::new(PeerService::new(
             shards.clone(),
             settler,
-            proposers,
+            proposers.clone(),
             dispatcher.clone(),
         ))
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
@@ -189,6 +191,7 @@ impl Node {
         let admin = AdminServer::new(AdminService::new(
             shards.clone(),
             dispatcher,
+            Committer::new(shards.clone(), proposers.clone()),
             address.to_string(),
             view,
         ));

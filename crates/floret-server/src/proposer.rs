@@ -137,6 +137,11 @@ fn op_bytes(op: &Op) -> usize {
     match op {
         Op::Enqueue(enqueue) => enqueue.messages.iter().map(|m| m.payload.len() + 64).sum(),
         Op::Remove(messages) => messages.len() * 64,
+        Op::SetPolicy(_) => 128,
+        Op::Discard(discard) => discard.messages.len() * 96,
+        Op::ReplayDeadLetters(selection) | Op::DeleteDeadLetters(selection) => {
+            selection.ids.len() * 16
+        }
     }
 }
 

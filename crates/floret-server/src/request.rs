@@ -8,6 +8,7 @@ use floret_store::NewMessage;
 use tonic::Status;
 
 use crate::config::Limits;
+use crate::dispatcher::SettleKind;
 
 /// Queue used when a request leaves the name empty.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -96,6 +97,19 @@ pub fn new_messages(messages: Vec<v1::Message>) -> Vec<NewMessage> {
             headers: message.headers.into_iter().collect::<BTreeMap<_, _>>(),
         })
         .collect()
+}
+
+/// What an ack (`nack` false) or nack on a consume stream asks for; a
+/// dead-letter flag on an ack is refused.
+pub fn settle_kind(nack: bool, settle: &v1::Settle) -> Result<SettleKind, Status> {
+    match (nack, settle.dead_letter) {
+        (false, false) => Ok(SettleKind::Ack),
+        (false, true) => Err(Status::invalid_argument(
+            "dead_letter applies to a nack, not to an ack",
+        )),
+        (true, false) => Ok(SettleKind::Nack),
+        (true, true) => Ok(SettleKind::DeadLetter),
+    }
 }
 
 /// Credits a consumer grants: at least one.

@@ -7,7 +7,8 @@
 //! the caller's order.
 //!
 //! Settling on the leader: the dispatcher returns the lease of a nack at
-//! once, and checks the lease of an ack; acked messages are then removed
+//! once, and checks the lease of an ack (or of a nack to the dead letters);
+//! acked messages are then removed (dead-lettered ones moved aside)
 //! through raft, one `Remove` per shard (the proposer folds concurrent acks
 //! into shared entries), and only once that commits does the lease end and
 //! the ack get OK, so an acked message is never delivered again. If the
@@ -24,7 +25,7 @@ use std::sync::Arc;
 
 use floret_cluster::Shards;
 use floret_proto::peer::v1::PeerSettleRequest;
-use floret_store::{MessageRef, NodeId, Op, ShardId};
+use floret_store::{DeadLetterReason, Discard, Discarded, MessageRef, NodeId, Op, ShardId};
 use tonic::Code;
 
 use crate::delivery_id::DeliveryId;
@@ -123,10 +124,27 @@ impl Settler {
                 acked[index] = Some(id);
             }
         }
+        let settled_ids = &acked;
         let committed = futures::future::join_all(removals.into_iter().map(
             |(shard, (messages, indexes))| async move {
+                let op = match kind {
+                    SettleKind::DeadLetter => Op::Discard(Discard {
+                        at_ms: crate::service::now_unix_ms(),
+                        messages: messages
+                            .into_iter()
+                            .zip(&indexes)
+                            .map(|(message, &index)| Discarded {
+                                message,
+                                reason: DeadLetterReason::Rejected,
+                                attempts: settled_ids[index].as_ref().map_or(0, |id| id.attempt),
+                                dead_letter: true,
+                            })
+                            .collect(),
+                    }),
+                    _ => Op::Remove(messages),
+                };
                 let result = match self.proposers.get(shard) {
-                    Some(proposer) => proposer.propose(Op::Remove(messages)).await.map(|_| ()),
+                    Some(proposer) => proposer.propose(op).await.map(|_| ()),
                     None => Err(crate::ProposeError::NotLeader {
                         shard,
                         leader: None,
@@ -136,22 +154,23 @@ impl Settler {
             },
         ))
         .await;
-        let mut durable = Vec::new();
+        let mut removed = Vec::new();
         for (indexes, result) in committed {
             match result {
-                Ok(()) => durable.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
+                Ok(()) => removed.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
                 Err(error) => {
                     for index in indexes {
                         outcomes[index].code = Code::Unavailable;
                         outcomes[index].message = format!(
-                            "the ack was not made durable ({error}); the message will be delivered again"
+                            "the settle was not made durable ({error}); the message will be delivered again"
                         );
                     }
                 }
             }
         }
-        if !durable.is_empty() {
-            self.dispatcher.ack_committed(durable);
+        if !removed.is_empty() {
+            self.dispatcher
+                .removal_committed(removed, kind == SettleKind::Ack);
         }
         Ok(outcomes)
     }
@@ -168,6 +187,7 @@ impl Settler {
         let request = PeerSettleRequest {
             ack: kind == SettleKind::Ack,
             delivery_ids: ids.clone(),
+            dead_letter: kind == SettleKind::DeadLetter,
         };
         let answer = match self.shards.peers().peer_client(node) {
             Some(mut client) => {

@@ -165,9 +165,11 @@ impl PolicyTable {
             .flat_map(|policies| policies.overrides.keys().map(String::as_str))
     }
 
-    /// Queues with defaults or overrides.
-    pub fn queues(&self) -> impl Iterator<Item = &str> {
-        self.queues.keys().map(String::as_str)
+    /// Every queue with defaults or overrides, with its defaults.
+    pub fn queues_with_defaults(&self) -> impl Iterator<Item = (&str, Policy)> {
+        self.queues
+            .iter()
+            .map(|(queue, policies)| (queue.as_str(), policies.defaults))
     }
 }
 

@@ -88,7 +88,10 @@ fn enqueue_while_backlogged_does_not_add_a_second_ring_entry() {
     scheduler.enqueued(&"a", 1..2);
     scheduler.enqueued(&"a", 2..3);
     scheduler.enqueued(&"b", 1..2);
-    assert_eq!(scheduler.ring.entries(), 2);
+    assert_eq!(
+        scheduler.tiers.values().map(Ring::entries).sum::<usize>(),
+        2
+    );
     assert_eq!(order(&mut scheduler, Instant::now(), 3), "aba");
 }
 
@@ -140,7 +143,7 @@ fn producer_arriving_late_waits_one_round_at_most() {
 #[test]
 fn weighted_producer_gets_weight_messages_per_turn() {
     let mut scheduler = scheduler();
-    scheduler.set_weight(&"a", Some(3));
+    scheduler.set_policy(&"a", Some(weighted(3)));
     scheduler.enqueued(&"a", 1..100);
     scheduler.enqueued(&"b", 1..100);
     assert_eq!(scheduler.backlogged_weight(), 4);
@@ -150,7 +153,7 @@ fn weighted_producer_gets_weight_messages_per_turn() {
 #[test]
 fn deficit_counts_credits_left_in_the_turn() {
     let mut scheduler = scheduler();
-    scheduler.set_weight(&"a", Some(3));
+    scheduler.set_policy(&"a", Some(weighted(3)));
     scheduler.enqueued(&"a", 1..100);
     scheduler.next(Instant::now());
     assert_eq!(scheduler.producer(&"a").unwrap().deficit, 2);
@@ -160,11 +163,11 @@ fn deficit_counts_credits_left_in_the_turn() {
 fn weight_override_takes_effect_from_next_turn() {
     let mut scheduler = scheduler();
     let now = Instant::now();
-    scheduler.set_weight(&"a", Some(3));
+    scheduler.set_policy(&"a", Some(weighted(3)));
     scheduler.enqueued(&"a", 1..100);
     scheduler.enqueued(&"b", 1..100);
     assert_eq!(order(&mut scheduler, now, 1), "a");
-    scheduler.set_weight(&"a", Some(1));
+    scheduler.set_policy(&"a", Some(weighted(1)));
     assert_eq!(scheduler.backlogged_weight(), 2);
     assert_eq!(order(&mut scheduler, now, 6), "aababa");
 }
@@ -173,7 +176,7 @@ fn weight_override_takes_effect_from_next_turn() {
 fn weight_override_survives_idle_producer() {
     let mut scheduler = scheduler();
     let now = Instant::now();
-    scheduler.set_weight(&"a", Some(2));
+    scheduler.set_policy(&"a", Some(weighted(2)));
     assert_eq!(scheduler.producer(&"a"), None);
     scheduler.enqueued(&"a", 1..2);
     let first = scheduler.next(now).unwrap();
@@ -186,7 +189,7 @@ fn weight_override_survives_idle_producer() {
 #[test]
 fn zero_weight_override_counts_as_one() {
     let mut scheduler = scheduler();
-    scheduler.set_weight(&"a", Some(0));
+    scheduler.set_policy(&"a", Some(weighted(0)));
     scheduler.enqueued(&"a", 1..2);
     assert_eq!(scheduler.producer(&"a").unwrap().weight, 1);
 }
@@ -198,9 +201,9 @@ fn cleared_weight_goes_back_to_default() {
         ..SchedulerConfig::default()
     });
     scheduler.enqueued(&"a", 1..2);
-    scheduler.set_weight(&"a", Some(5));
+    scheduler.set_policy(&"a", Some(weighted(5)));
     assert_eq!(scheduler.backlogged_weight(), 5);
-    scheduler.set_weight(&"a", None);
+    scheduler.set_policy(&"a", None);
     assert_eq!(scheduler.producer(&"a").unwrap().weight, 2);
     assert_eq!(scheduler.backlogged_weight(), 2);
 }
@@ -209,7 +212,7 @@ fn cleared_weight_goes_back_to_default() {
 fn drained_producer_leaves_ring_with_no_credit_left() {
     let mut scheduler = scheduler();
     let now = Instant::now();
-    scheduler.set_weight(&"a", Some(3));
+    scheduler.set_policy(&"a", Some(weighted(3)));
     scheduler.enqueued(&"a", 1..2);
     scheduler.next(now);
     assert_eq!(scheduler.backlogged_producers(), 0);
@@ -399,7 +402,7 @@ fn next_deadline_skips_settled_leases_on_top() {
 fn forgotten_producer_leaves_no_trace_but_its_weight() {
     let mut scheduler = scheduler();
     let now = Instant::now();
-    scheduler.set_weight(&"a", Some(2));
+    scheduler.set_policy(&"a", Some(weighted(2)));
     scheduler.enqueued(&"a", 1..5);
     scheduler.next(now);
     scheduler.forget(&"a");
@@ -422,7 +425,10 @@ fn forgotten_producer_turn_passes_to_the_next() {
     scheduler.forget(&"a");
     scheduler.forget(&"nobody");
     assert_eq!(order(&mut scheduler, now, 3), "bbb");
-    assert_eq!(scheduler.ring.entries(), 1);
+    assert_eq!(
+        scheduler.tiers.values().map(Ring::entries).sum::<usize>(),
+        1
+    );
 }
 
 #[test]
@@ -487,4 +493,114 @@ fn expired_leases_are_named_for_the_caller() {
             attempt: 1
         }]
     );
+}
+
+/// An override giving `weight` and the defaults' other settings.
+fn weighted(weight: u32) -> ProducerPolicy {
+    ProducerPolicy {
+        weight,
+        ..ProducerPolicy::default()
+    }
+}
+
+fn tiered(priority: u32) -> ProducerPolicy {
+    ProducerPolicy {
+        priority,
+        ..ProducerPolicy::default()
+    }
+}
+
+fn capped(max_in_flight: u32) -> ProducerPolicy {
+    ProducerPolicy {
+        max_in_flight: Some(max_in_flight),
+        ..ProducerPolicy::default()
+    }
+}
+
+#[test]
+fn higher_priority_tier_drains_before_a_lower_one_is_served() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(&"h", Some(tiered(5)));
+    scheduler.set_policy(&"i", Some(tiered(5)));
+    scheduler.enqueued(&"a", 0..3);
+    scheduler.enqueued(&"h", 0..2);
+    scheduler.enqueued(&"i", 0..2);
+    assert_eq!(order(&mut scheduler, now, 7), "hihiaaa");
+}
+
+#[test]
+fn producer_moved_to_another_tier_is_served_there_once_per_turn() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 0..4);
+    scheduler.enqueued(&"b", 0..4);
+    scheduler.set_policy(&"b", Some(tiered(1)));
+    assert_eq!(order(&mut scheduler, now, 2), "bb");
+    scheduler.set_policy(&"b", None);
+    assert_eq!(order(&mut scheduler, now, 6), "ababaa");
+    assert_eq!(scheduler.backlogged_producers(), 0);
+}
+
+#[test]
+fn max_in_flight_one_keeps_order_across_a_redelivery() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(&"a", Some(capped(1)));
+    scheduler.enqueued(&"a", 0..3);
+    scheduler.enqueued(&"b", 0..3);
+    assert_eq!(scheduler.next(now), dispatch("a", 0, 1));
+    assert_eq!(order(&mut scheduler, now, 2), "bb");
+    assert_eq!(scheduler.backlogged_producers(), 1);
+    scheduler.nack(&"a", 0, 1).unwrap();
+    assert_eq!(scheduler.next(now), dispatch("b", 2, 1));
+    assert_eq!(scheduler.next(now), dispatch("a", 0, 2));
+    assert_eq!(scheduler.next(now), None);
+    scheduler.ack(&"a", 0, 2).unwrap();
+    assert_eq!(scheduler.next(now), dispatch("a", 1, 1));
+    scheduler.nack(&"a", 1, 1).unwrap();
+    assert_eq!(scheduler.next(now), dispatch("a", 1, 2));
+    assert_eq!(scheduler.next(now), None);
+}
+
+#[test]
+fn lowered_in_flight_limit_takes_a_producer_out_of_the_ring_at_once() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 0..5);
+    scheduler.enqueued(&"b", 0..5);
+    assert_eq!(order(&mut scheduler, now, 2), "ab");
+    scheduler.set_policy(&"a", Some(capped(1)));
+    assert_eq!(order(&mut scheduler, now, 3), "bbb");
+    scheduler.ack(&"a", 0, 1).unwrap();
+    assert_eq!(order(&mut scheduler, now, 3), "ba");
+}
+
+#[test]
+fn dropped_messages_are_never_dispatched() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 0..5);
+    assert_eq!(scheduler.next(now), dispatch("a", 0, 1));
+    scheduler.nack(&"a", 0, 1).unwrap();
+    assert_eq!(scheduler.drop_before(&"a", 3), 3);
+    assert_eq!(scheduler.ready_messages(), 2);
+    assert_eq!(scheduler.next(now), dispatch("a", 3, 1));
+    assert_eq!(scheduler.drop_before(&"a", 10), 1);
+    assert_eq!(scheduler.next(now), None);
+    assert_eq!(scheduler.backlogged_producers(), 0);
+    scheduler.ack(&"a", 3, 1).unwrap();
+    assert!(scheduler.producer(&"a").is_none());
+}
+
+#[test]
+fn new_defaults_reach_producers_without_an_override_only() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(&"b", Some(weighted(1)));
+    scheduler.enqueued(&"a", 0..6);
+    scheduler.enqueued(&"b", 0..6);
+    scheduler.set_defaults(weighted(3));
+    assert_eq!(scheduler.backlogged_weight(), 4);
+    assert_eq!(order(&mut scheduler, now, 8), "aaabaaab");
 }

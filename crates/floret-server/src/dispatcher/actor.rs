@@ -2,12 +2,16 @@
 //! to consumers with credit. Settling lives in `settle.rs`, leadership
 //! changes in `leadership.rs`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use floret_sched::SchedulerConfig;
-use floret_store::{AppliedEvent, ShardReader};
+use floret_store::policy::{Expiry, Policy};
+use floret_store::records::StoredMessage;
+use floret_store::{
+    AppliedEvent, DeadLetterReason, Discard, Discarded, MessageRef, Op, ShardId, ShardReader,
+};
 use tokio::sync::mpsc;
 
 use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
@@ -16,6 +20,8 @@ use super::{
     QueueActivity,
 };
 use crate::delivery_id::DeliveryId;
+use crate::policy;
+use crate::proposer::Proposers;
 
 mod leadership;
 mod settle;
@@ -34,6 +40,10 @@ struct Consumer {
 
 struct Dispatcher {
     readers: Vec<Option<ShardReader>>,
+    /// Proposers of the shards this node holds, to discard messages.
+    proposers: Proposers,
+    /// This task's own handle, for what its spawned proposals report.
+    handle: DispatcherHandle,
     led: Vec<bool>,
     queues: HashMap<Arc<str>, QueueDispatch>,
     consumers: HashMap<ConsumerId, Consumer>,
@@ -55,12 +65,15 @@ pub(crate) fn channel() -> (DispatcherHandle, DispatcherInbox) {
 /// Starts the dispatcher task over the shards' readers (indexed by shard
 /// id; None for a shard this node holds no replica of).
 pub(crate) fn spawn(
-    inbox: DispatcherInbox,
+    (handle, inbox): (DispatcherHandle, DispatcherInbox),
     readers: Vec<Option<ShardReader>>,
+    proposers: Proposers,
     scheduler_config: SchedulerConfig,
     max_credits: u32,
 ) {
     let dispatcher = Dispatcher {
+        proposers,
+        handle,
         led: vec![false; readers.len()],
         readers,
         queues: HashMap::new(),
@@ -109,6 +122,27 @@ impl Dispatcher {
                     };
                     self.queue(&queue).scheduler.enqueued(&key, sequences);
                     self.pump(&queue);
+                }
+            }
+            DispatcherCommand::Applied(AppliedEvent::PolicyChanged {
+                shard,
+                queue,
+                producer,
+            }) => self.policy_changed(shard, &queue.into(), producer.as_deref()),
+            DispatcherCommand::Applied(AppliedEvent::Dropped {
+                shard,
+                queue,
+                producer,
+                below,
+            }) => {
+                if self.led[shard as usize]
+                    && let Some(queue) = self.queues.get_mut(queue.as_str())
+                {
+                    let key = ProducerKey {
+                        shard,
+                        producer: producer.into(),
+                    };
+                    queue.scheduler.drop_before(&key, below);
                 }
             }
             DispatcherCommand::Applied(AppliedEvent::Reset { shard }) => {
@@ -171,9 +205,9 @@ impl Dispatcher {
                 let outcomes = ids.into_iter().map(|id| self.settle(kind, id)).collect();
                 let _caller_gone = reply.send(outcomes);
             }
-            DispatcherCommand::AckCommitted { ids } => {
+            DispatcherCommand::RemovalCommitted { ids, acked } => {
                 for id in &ids {
-                    self.ack_committed(id);
+                    self.removal_committed(id, acked);
                 }
             }
             DispatcherCommand::ConsumerGone { consumer } => self.remove_consumer(consumer),
@@ -193,12 +227,15 @@ impl Dispatcher {
             .or_insert_with(|| QueueDispatch::new(config))
     }
 
-    /// Delivers to consumers with credit while the queue has ready messages.
+    /// Delivers to consumers with credit while the queue has ready
+    /// messages; messages its policy says not to deliver (expired, out of
+    /// attempts) are discarded instead.
     fn pump(&mut self, queue_name: &Arc<str>) {
         let Some(queue) = self.queues.get_mut(queue_name) else {
             return;
         };
         let now = Instant::now();
+        let mut discards: BTreeMap<ShardId, Vec<(DeliveryId, Discarded)>> = BTreeMap::new();
         loop {
             let consumers = &self.consumers;
             let Some(consumer_id) =
@@ -237,6 +274,12 @@ impl Dispatcher {
                 sequence: dispatch.sequence,
                 attempt: dispatch.attempt,
             };
+            let now_ms = unix_ms();
+            let policy = reader.policy(queue_name, &key.producer);
+            if let Some(discarded) = discard_instead(&policy, &id, &message, now_ms) {
+                discards.entry(key.shard).or_default().push((id, discarded));
+                continue;
+            }
             let lease = LeaseKey {
                 producer: key.clone(),
                 sequence: dispatch.sequence,
@@ -246,7 +289,6 @@ impl Dispatcher {
                 .consumers
                 .get_mut(&consumer_id)
                 .expect("chosen among live consumers");
-            let now_ms = unix_ms();
             let dwell_ms = (dispatch.attempt == 1)
                 .then(|| now_ms.saturating_sub(message.enqueued_at_ms.max(0) as u64));
             if consumer
@@ -270,6 +312,85 @@ impl Dispatcher {
             }
             queue.consumers.rotate_left(1);
             metrics::counter!("floret_deliveries_total").increment(1);
+        }
+        for (shard, discarded) in discards {
+            self.discard(shard, discarded);
+        }
+    }
+
+    /// Commits the discard of messages whose leases this dispatcher holds;
+    /// the leases end once it commits. If it does not, they lapse and the
+    /// messages come up (and are discarded) again.
+    fn discard(&self, shard: ShardId, discarded: Vec<(DeliveryId, Discarded)>) {
+        let Some(proposer) = self.proposers.get(shard).cloned() else {
+            return;
+        };
+        metrics::counter!("floret_discarded_total").increment(discarded.len() as u64);
+        let (ids, messages): (Vec<_>, Vec<_>) = discarded.into_iter().unzip();
+        let handle = self.handle.clone();
+        tokio::spawn(async move {
+            let op = Op::Discard(Discard {
+                at_ms: unix_ms() as i64,
+                messages,
+            });
+            match proposer.propose(op).await {
+                Ok(_) => handle.removal_committed(ids, false),
+                Err(error) => tracing::warn!(
+                    shard,
+                    %error,
+                    "could not discard expired or exhausted messages; they come back when their leases lapse"
+                ),
+            }
+        });
+    }
+
+    /// A queue's defaults or a producer's override changed in `shard`: the
+    /// scheduler takes the producers' new weights, tiers and limits.
+    fn policy_changed(&mut self, shard: ShardId, queue: &Arc<str>, producer: Option<&str>) {
+        let Some(reader) = self.readers[shard as usize].clone() else {
+            return;
+        };
+        match producer {
+            None => {
+                let defaults = policy::scheduling(reader.stored_policy(queue, None));
+                self.queue(queue).scheduler.set_defaults(defaults);
+                let led: Vec<ShardId> = (0..self.led.len())
+                    .filter(|&shard| self.led[shard])
+                    .map(|shard| shard as ShardId)
+                    .collect();
+                for shard in led {
+                    self.apply_overrides(shard, queue);
+                }
+            }
+            Some(producer) if self.led[shard as usize] => {
+                let key = ProducerKey {
+                    shard,
+                    producer: producer.into(),
+                };
+                let stored = reader.stored_policy(queue, Some(producer));
+                let scheduling = (!stored.is_empty())
+                    .then(|| policy::scheduling(reader.policy(queue, producer)));
+                self.queue(queue).scheduler.set_policy(&key, scheduling);
+            }
+            Some(_) => return,
+        }
+        self.pump(queue);
+    }
+
+    /// Gives the scheduler of `queue` the overrides of `shard`'s producers.
+    fn apply_overrides(&mut self, shard: ShardId, queue: &Arc<str>) {
+        let Some(reader) = self.readers[shard as usize].clone() else {
+            return;
+        };
+        let policies = reader.policies();
+        let scheduler = &mut self.queue(queue).scheduler;
+        for producer in policies.overridden(queue) {
+            let key = ProducerKey {
+                shard,
+                producer: producer.into(),
+            };
+            let policy = policies.effective(queue, producer);
+            scheduler.set_policy(&key, Some(policy::scheduling(policy)));
         }
     }
 
@@ -371,6 +492,40 @@ impl Dispatcher {
             })
             .collect()
     }
+}
+
+/// Whether `message`, coming up for delivery `id`, must be discarded
+/// instead: its TTL passed, or it had `max_attempts` deliveries.
+fn discard_instead(
+    policy: &Policy,
+    id: &DeliveryId,
+    message: &StoredMessage,
+    now_ms: u64,
+) -> Option<Discarded> {
+    let expired = policy
+        .ttl_ms
+        .is_some_and(|ttl| now_ms > (message.enqueued_at_ms.max(0) as u64).saturating_add(ttl));
+    let exhausted = policy.max_attempts.is_some_and(|max| id.attempt > max);
+    let (reason, dead_letter) = if exhausted {
+        (DeadLetterReason::MaxAttempts, true)
+    } else if expired {
+        (
+            DeadLetterReason::Expired,
+            policy.expiry.unwrap_or_default() == Expiry::DeadLetter,
+        )
+    } else {
+        return None;
+    };
+    Some(Discarded {
+        message: MessageRef {
+            queue: id.queue.clone(),
+            producer: id.producer.clone(),
+            sequence: id.sequence,
+        },
+        reason,
+        attempts: id.attempt - 1,
+        dead_letter,
+    })
 }
 
 /// Wall-clock milliseconds since the Unix epoch (commit times are wall-clock too).

@@ -10,6 +10,12 @@
 //! An ack is checked against its lease here; [`crate::settle`] then removes
 //! the message through raft and only then ends the lease.
 //!
+//! Policies: each producer is scheduled with the weight, tier and in-flight
+//! limit of its policy (read from its shard's replicated policies, updated as
+//! they change). At dispatch a message past its TTL or its `max_attempts` is
+//! not delivered: it is discarded through raft (dead-lettered or dropped)
+//! while its lease is held, and the lease ends once that commits.
+//!
 //! Ordering matters: state-machine events and consumer commands share one
 //! channel, so an event applied before a rebuild is handled before any ack of
 //! a message the rebuild delivered.
@@ -17,6 +23,9 @@
 //! IMPLEMENTATION CAVEATS
 //! - Leases live in memory: after a restart every unacked message is
 //!   delivered again (attempt numbering starts over).
+//! - TTL and attempts are checked when a message comes up for dispatch: an
+//!   expired message waits on disk until then (no sweeper yet), which needs
+//!   a consumer with credit.
 //! - Consumers of a queue get deliveries from this node only (one node).
 
 mod actor;
@@ -52,6 +61,8 @@ pub enum SettleKind {
     Ack,
     /// Not processed: deliver it again (attempt + 1).
     Nack,
+    /// Not processed and not to be delivered again: move it to the dead letters.
+    DeadLetter,
 }
 
 /// The outcome of settling one delivery id.
@@ -63,8 +74,8 @@ pub struct SettleOutcome {
     pub code: tonic::Code,
     /// Why, when not OK.
     pub message: String,
-    /// For a fresh ack: the delivery whose message must be removed through
-    /// raft before the ack is answered.
+    /// For a fresh ack (or nack to the dead letters): the delivery whose
+    /// message must be removed through raft before the settle is answered.
     pub removal: Option<DeliveryId>,
 }
 
@@ -138,8 +149,9 @@ pub(crate) enum DispatcherCommand {
         ids: Vec<Result<DeliveryId, String>>,
         reply: oneshot::Sender<Vec<SettleOutcome>>,
     },
-    AckCommitted {
+    RemovalCommitted {
         ids: Vec<DeliveryId>,
+        acked: bool,
     },
     ConsumerGone {
         consumer: ConsumerId,
@@ -227,9 +239,10 @@ impl DispatcherHandle {
         outcomes.await.map_err(|_| DispatcherStopped)
     }
 
-    /// These acked deliveries' removals committed: their leases end.
-    pub fn ack_committed(&self, ids: Vec<DeliveryId>) {
-        let _stopping = self.send(DispatcherCommand::AckCommitted { ids });
+    /// These deliveries' removals committed (acked, or dead-lettered or
+    /// dropped when not `acked`): their leases end.
+    pub fn removal_committed(&self, ids: Vec<DeliveryId>, acked: bool) {
+        let _stopping = self.send(DispatcherCommand::RemovalCommitted { ids, acked });
     }
 
     /// The consumer's stream ended: what it held is delivered again.

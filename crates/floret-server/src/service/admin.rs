@@ -1,5 +1,5 @@
-//! The `floret.v1.Admin` service: cluster status, queue statistics and
-//! replica digests.
+//! The `floret.v1.Admin` service: cluster status, queue statistics,
+//! replica digests, and policies and dead letters (in `policies.rs`).
 //!
 //! Queue statistics combine the durable per-producer counters of every shard
 //! (read from the state machines, off the async runtime) with the
@@ -30,15 +30,19 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
+use crate::commit::Committer;
 use crate::dispatcher::DispatcherHandle;
 use crate::dispatcher::fairness::WINDOW_SECONDS;
 use crate::request;
 use floret_sched::jain_index;
 
+mod policies;
+
 /// Serves inspection of one node.
 pub struct AdminService {
     shards: Arc<Shards>,
     dispatcher: DispatcherHandle,
+    committer: Committer,
     address: String,
     view: Option<watch::Receiver<Arc<View>>>,
 }
@@ -48,12 +52,14 @@ impl AdminService {
     pub fn new(
         shards: Arc<Shards>,
         dispatcher: DispatcherHandle,
+        committer: Committer,
         address: String,
         view: Option<watch::Receiver<Arc<View>>>,
     ) -> Self {
         Self {
             shards,
             dispatcher,
+            committer,
             address,
             view,
         }
@@ -123,6 +129,42 @@ impl v1::admin_server::Admin for AdminService {
             .await
             .map_err(|e| Status::internal(format!("digest task failed: {e}")))??;
         Ok(Response::new(v1::ReplicaDigestsResponse { replicas }))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<v1::SetPolicyRequest>,
+    ) -> Result<Response<v1::SetPolicyResponse>, Status> {
+        self.set_policy_in_shards(request.into_inner()).await
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<v1::GetPolicyRequest>,
+    ) -> Result<Response<v1::GetPolicyResponse>, Status> {
+        self.get_policy_from_a_replica(request.into_inner()).await
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<v1::ListDeadLettersRequest>,
+    ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
+        self.list_dead_letters_everywhere(request.into_inner())
+            .await
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        request: Request<v1::DeadLetterIds>,
+    ) -> Result<Response<v1::DeadLettersChanged>, Status> {
+        self.change_dead_letters(request.into_inner(), true).await
+    }
+
+    async fn delete_dead_letters(
+        &self,
+        request: Request<v1::DeadLetterIds>,
+    ) -> Result<Response<v1::DeadLettersChanged>, Status> {
+        self.change_dead_letters(request.into_inner(), false).await
     }
 }
 

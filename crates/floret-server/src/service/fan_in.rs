@@ -288,10 +288,10 @@ impl Merge {
                 self.on_credit(credits)
             }
             Some(consume_request::Request::Ack(settle)) => {
-                self.settle(SettleKind::Ack, settle, settler)
+                self.settle(request::settle_kind(false, &settle)?, settle, settler)
             }
             Some(consume_request::Request::Nack(settle)) => {
-                self.settle(SettleKind::Nack, settle, settler)
+                self.settle(request::settle_kind(true, &settle)?, settle, settler)
             }
             Some(consume_request::Request::Subscribe(_)) => Err(Status::invalid_argument(
                 "this stream is already subscribed; open another stream for another queue",

@@ -8,6 +8,10 @@
 //! dispatcher ([`super::fan_in`]); acks go to their shard's leader
 //! ([`Settler`]).
 //!
+//! A produce is checked against the producer's `produce_rate` on the leader
+//! (token buckets in memory) and against its `max_messages` / `max_bytes` at
+//! apply; over either it fails RESOURCE_EXHAUSTED with a retry-after hint.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A forwarded produce costs one more network round trip; clients do not
 //!   route to leaders themselves yet.
@@ -27,6 +31,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, fan_in, now_unix_ms, status};
 use crate::config::Limits;
 use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::policy::{self, RateLimiter};
 use crate::proposer::Proposers;
 use crate::request;
 use crate::settle::Settler;
@@ -37,6 +42,7 @@ pub struct FloretService {
     proposers: Proposers,
     limits: Limits,
     sources: fan_in::Sources,
+    rates: RateLimiter,
 }
 
 impl FloretService {
@@ -52,8 +58,25 @@ impl FloretService {
             proposers,
             limits,
             sources,
+            rates: RateLimiter::default(),
         }
     }
+}
+
+/// Wait suggested to a producer refused for being at its limits: about the
+/// time consumers take to make room.
+const OVER_LIMIT_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// "max_messages 10, max_bytes 4096" for the limits a policy sets.
+fn describe_limits(policy: &floret_store::policy::Policy) -> String {
+    let mut limits = Vec::new();
+    if let Some(max) = policy.max_messages {
+        limits.push(format!("max_messages {max}"));
+    }
+    if let Some(max) = policy.max_bytes {
+        limits.push(format!("max_bytes {max}"));
+    }
+    limits.join(", ")
 }
 
 /// How long a forwarded produce may take (the leader's own commit timeout is shorter).
@@ -117,6 +140,26 @@ impl v1::floret_server::Floret for FloretService {
                 return self.forward_produce(node, shard, request).await;
             }
         };
+        if let Some(group) = self.shards.group(shard) {
+            let policy = group.reader.policy(&queue, &producer);
+            if let Some(rate) = policy.produce_rate
+                && let Err(wait) = self.rates.take(
+                    &queue,
+                    &producer,
+                    rate,
+                    request.messages.len() as u64,
+                    std::time::Instant::now(),
+                )
+            {
+                metrics::counter!("floret_produce_throttled_total").increment(1);
+                return Err(policy::exhausted(
+                    format!(
+                        "producer {producer:?} is over its produce_rate of {rate} messages/s; nothing was stored, retry later"
+                    ),
+                    wait,
+                ));
+            }
+        }
         let messages = request::new_messages(request.messages);
         let count = messages.len();
         let op = Op::Enqueue(Enqueue {
@@ -141,7 +184,24 @@ impl v1::floret_server::Floret for FloretService {
                 "producer_sequence {} is older than the last one applied for this producer ({last}); its sequences are no longer known",
                 request.producer_sequence.unwrap_or_default()
             ))),
-            OpReply::Removed { .. } => Err(Status::internal("a produce was answered as a removal")),
+            OpReply::OverLimit {
+                messages,
+                bytes,
+                policy: limits,
+            } => {
+                metrics::counter!("floret_produce_rejected_total").increment(1);
+                Err(policy::exhausted(
+                    format!(
+                        "producer {:?} holds {messages} messages ({bytes} bytes) and this produce of {count} would pass its limit ({}); nothing was stored, retry once consumers have drained it",
+                        request.producer_id,
+                        describe_limits(&limits)
+                    ),
+                    OVER_LIMIT_RETRY_AFTER,
+                ))
+            }
+            OpReply::Removed { .. } | OpReply::PolicySet { .. } | OpReply::Replayed { .. } => Err(
+                Status::internal(format!("a produce was answered with {reply:?}")),
+            ),
         }
     }
 
@@ -260,12 +320,10 @@ async fn read_consumer_requests(
                         .credit(consumer, credits)
                         .map_err(status::from_stopped)
                 }),
-            Some(consume_request::Request::Ack(settle)) => {
-                settle_on_stream(&settler, SettleKind::Ack, settle, &events)
-            }
-            Some(consume_request::Request::Nack(settle)) => {
-                settle_on_stream(&settler, SettleKind::Nack, settle, &events)
-            }
+            Some(consume_request::Request::Ack(settle)) => request::settle_kind(false, &settle)
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
+            Some(consume_request::Request::Nack(settle)) => request::settle_kind(true, &settle)
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
             Some(consume_request::Request::Subscribe(_)) => Err(Status::invalid_argument(
                 "this stream is already subscribed; open another stream for another queue",
             )),

@@ -10,7 +10,7 @@ pub mod status;
 
 /// Wall-clock time in milliseconds since the Unix epoch: the commit time the
 /// leader stamps on messages, and the reference for message ages.
-fn now_unix_ms() -> i64 {
+pub(crate) fn now_unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

@@ -1,7 +1,7 @@
 //! The `floret.peer.v1.Peer` service: what the other nodes of the cluster
 //! ask of this one. Raft RPCs for the shards it holds, which shards it has
 //! initialised (for bootstrap), settles of deliveries whose leases are here,
-//! and the hand-back of a shard's leadership to its preferred replica.
+//! operations to commit in shards it leads (see [`crate::commit`]), and the hand-back of a shard's leadership to its preferred replica.
 //!
 //! Hand-back (openraft 0.9 has no leadership transfer): the leader checks
 //! that the preferred replica is alive in the gossip view (not suspected:
@@ -180,10 +180,10 @@ impl Peer for PeerService {
         request: Request<v1::PeerSettleRequest>,
     ) -> Result<Response<v1::PeerSettleResponse>, Status> {
         let request = request.into_inner();
-        let kind = if request.ack {
-            SettleKind::Ack
-        } else {
-            SettleKind::Nack
+        let kind = match (request.ack, request.dead_letter) {
+            (true, _) => SettleKind::Ack,
+            (false, false) => SettleKind::Nack,
+            (false, true) => SettleKind::DeadLetter,
         };
         let outcomes = self
             .settler
@@ -199,6 +199,33 @@ impl Peer for PeerService {
                     message: outcome.message,
                 })
                 .collect(),
+        }))
+    }
+
+    async fn propose(
+        &self,
+        request: Request<v1::RaftMessage>,
+    ) -> Result<Response<v1::RaftMessage>, Status> {
+        let message = request.into_inner();
+        let shard = message.shard_id;
+        let op: floret_store::Op = decode(&message.payload)
+            .map_err(|error| Status::invalid_argument(format!("undecodable operation: {error}")))?;
+        let proposer = match self.proposers.get(shard) {
+            Some(proposer) if self.shards.leads(shard) => proposer,
+            _ => {
+                return Err(crate::service::status::no_leader(
+                    shard,
+                    self.shards.leader_of(shard),
+                ));
+            }
+        };
+        let reply = proposer
+            .propose(op)
+            .await
+            .map_err(crate::service::status::from_propose)?;
+        Ok(Response::new(v1::RaftMessage {
+            shard_id: shard,
+            payload: encode(&reply),
         }))
     }
 

@@ -1,5 +1,5 @@
 //! Gaining and losing the leadership of a shard: its queues are rebuilt
-//! from the replicated producer records, or dropped.
+//! from the replicated producer records and policies, or dropped.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -44,6 +44,13 @@ impl Dispatcher {
             self.queue(&queue)
                 .scheduler
                 .enqueued(&key, first..entry.record.tail);
+            touched.insert(queue);
+        }
+        for (queue, defaults) in reader.policies().queues_with_defaults() {
+            let queue: Arc<str> = queue.into();
+            let defaults = crate::policy::scheduling(defaults);
+            self.queue(&queue).scheduler.set_defaults(defaults);
+            self.apply_overrides(shard, &queue);
             touched.insert(queue);
         }
         tracing::info!(

@@ -1,6 +1,6 @@
 //! Acks and nacks inside the dispatcher. A nack returns the lease at once.
 //! An ack is checked against the live lease, and the lease ends only when
-//! the removal has committed ([`Dispatcher::ack_committed`]): if the removal
+//! the removal has committed ([`Dispatcher::removal_committed`]): if the removal
 //! fails, the lease lapses and the message comes back. A refusal is
 //! explained (never committed, already acked, or a lapsed lease).
 
@@ -59,7 +59,9 @@ impl Dispatcher {
             return self.explain_not_leased(kind, &id, text);
         };
         match kind {
-            SettleKind::Ack if queue.scheduler.is_leased(&key, id.sequence, id.attempt) => {
+            SettleKind::Ack | SettleKind::DeadLetter
+                if queue.scheduler.is_leased(&key, id.sequence, id.attempt) =>
+            {
                 SettleOutcome {
                     delivery_id: text,
                     code: Code::Ok,
@@ -75,14 +77,15 @@ impl Dispatcher {
                 }
                 Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
             },
-            SettleKind::Ack => self.explain_not_leased(kind, &id, text),
+            SettleKind::Ack | SettleKind::DeadLetter => self.explain_not_leased(kind, &id, text),
         }
     }
 
-    /// An acked message's removal committed: the lease ends. A lease that
-    /// lapsed in the meantime is already back in the ring; its redelivery
-    /// finds the message gone and is skipped.
-    pub(super) fn ack_committed(&mut self, id: &DeliveryId) {
+    /// A settled message's removal committed (an ack when `acked`, else a
+    /// dead-lettering or a drop): the lease ends. A lease that lapsed in the
+    /// meantime is already back in the ring; its redelivery finds the
+    /// message gone and is skipped.
+    pub(super) fn removal_committed(&mut self, id: &DeliveryId, acked: bool) {
         let queue_name: Arc<str> = id.queue.as_str().into();
         let lease = LeaseKey {
             producer: ProducerKey {
@@ -99,6 +102,7 @@ impl Dispatcher {
             .scheduler
             .ack(&lease.producer, id.sequence, id.attempt)
             .is_ok()
+            && acked
         {
             queue.acked += 1;
         }
@@ -143,7 +147,7 @@ impl Dispatcher {
         }
         match (reader.message(&id.queue, &id.producer, id.sequence), kind) {
             (Ok(None), SettleKind::Ack) => outcome(text, Code::Ok, "already acked".into()),
-            (Ok(None), SettleKind::Nack) => {
+            (Ok(None), SettleKind::Nack | SettleKind::DeadLetter) => {
                 outcome(text, Code::FailedPrecondition, "already acked".into())
             }
             (Ok(Some(_)), _) => outcome(
