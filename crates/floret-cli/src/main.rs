@@ -1,10 +1,13 @@
 //! The `floret` binary: run a node (`serve`) or a local cluster (`dev`), and
-//! talk to one (`produce`, `consume`, `status`), or measure one (`bench`).
+//! talk to one (`produce`, `consume`, `status`), govern its producers
+//! (`policy`, `dead-letters`), or measure one (`bench`).
 
 mod bench;
 mod consume;
+mod dead_letters;
 mod dev;
 mod load;
+mod policy;
 mod produce;
 mod serve;
 mod status;
@@ -44,6 +47,10 @@ enum Command {
     Status(status::StatusArgs),
     /// Measure a running floret: noisy-neighbor, throughput, scale.
     Bench(bench::BenchArgs),
+    /// Set or show a queue's or a producer's policy (weight, limits, TTL...).
+    Policy(policy::PolicyArgs),
+    /// List, replay or delete a queue's dead letters.
+    DeadLetters(dead_letters::DeadLetterArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +78,8 @@ fn main() -> anyhow::Result<()> {
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Policy(args) => policy::run(args).await,
+            Command::DeadLetters(args) => dead_letters::run(args).await,
         }
     })
 }

@@ -4,6 +4,11 @@
 //! idempotency sequence to every batch so it can retry UNAVAILABLE answers
 //! (no leader, shutting down) with back-off and never store a batch twice.
 //! [`Client::consume`] opens a [`Consumer`] stream with credits and acks.
+//! A produce the server throttles (RESOURCE_EXHAUSTED with a retry-after
+//! hint: over the producer's rate or limits, or the node short of room) is
+//! retried with back-off and jitter, so a flooding producer slows down
+//! instead of failing. [`Client::set_policy`] and the dead-letter calls
+//! govern a queue's producers.
 //!
 //! Any node of a cluster takes any call (it forwards to shard leaders), so a
 //! client may be given several nodes' addresses: calls are spread over the
@@ -26,8 +31,8 @@ use tonic::transport::{Channel, Endpoint};
 
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
-    AckResponse, ClusterStatusResponse, Delivery, Message, ProduceResponse, QueueStatsResponse,
-    SettleOutcome,
+    AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, Message,
+    Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome,
 };
 pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 
@@ -217,6 +222,103 @@ impl Client {
             .await?
             .into_inner()
             .replicas)
+    }
+
+    /// Sets `queue`'s defaults (`producer_id` empty) or one producer's
+    /// override: only the fields set in `policy`, or all of them with
+    /// `replace`. Returns the policy as stored.
+    pub async fn set_policy(
+        &self,
+        queue: &str,
+        producer_id: &str,
+        policy: Policy,
+        replace: bool,
+    ) -> Result<Policy, ClientError> {
+        let request = v1::SetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+            policy: Some(policy),
+            replace,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .set_policy(request)
+            .await?
+            .into_inner()
+            .stored
+            .unwrap_or_default())
+    }
+
+    /// `queue`'s defaults, a producer's override and what is in force for it.
+    pub async fn get_policy(
+        &self,
+        queue: &str,
+        producer_id: &str,
+    ) -> Result<GetPolicyResponse, ClientError> {
+        let request = v1::GetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+        };
+        Ok(self.admin.clone().get_policy(request).await?.into_inner())
+    }
+
+    /// Up to `limit` of `queue`'s dead letters, oldest first.
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, ClientError> {
+        let request = v1::ListDeadLettersRequest {
+            queue: queue.to_owned(),
+            limit,
+            local_only: false,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .list_dead_letters(request)
+            .await?
+            .into_inner()
+            .dead_letters)
+    }
+
+    /// Puts dead letters back at the end of their producers' queues; returns how many.
+    pub async fn replay_dead_letters(
+        &self,
+        queue: &str,
+        ids: Vec<String>,
+    ) -> Result<u64, ClientError> {
+        let request = v1::DeadLetterIds {
+            queue: queue.to_owned(),
+            ids,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .replay_dead_letters(request)
+            .await?
+            .into_inner()
+            .count)
+    }
+
+    /// Deletes dead letters; returns how many existed.
+    pub async fn delete_dead_letters(
+        &self,
+        queue: &str,
+        ids: Vec<String>,
+    ) -> Result<u64, ClientError> {
+        let request = v1::DeadLetterIds {
+            queue: queue.to_owned(),
+            ids,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .delete_dead_letters(request)
+            .await?
+            .into_inner()
+            .count)
     }
 
     async fn stats(
