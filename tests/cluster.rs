@@ -526,3 +526,80 @@ async fn node_with_wiped_data_dir_stays_behind() {
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     drain_through(cluster.address(3), &expected).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_forgotten_when_its_shard_leader_is_killed() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let placement = ShardPlacement::new(SHARDS.parse().unwrap());
+    let shard = placement.shard_of("default", "capped");
+    let victim = cluster.leader_of(shard, 1).await;
+    let survivor = victim % 3 + 1;
+    let set_through = victim % 3 + 1;
+    let client = cluster.client(set_through);
+    let limit = floret_client::Policy {
+        max_messages: Some(2),
+        overflow: floret_client::Overflow::Reject as i32,
+        ..Default::default()
+    };
+    client
+        .set_policy("default", "capped", limit, false)
+        .await
+        .expect("set through a node that does not lead the shard");
+    let queue_defaults = floret_client::Policy {
+        weight: Some(2),
+        ..Default::default()
+    };
+    client
+        .set_policy("default", "", queue_defaults, false)
+        .await
+        .expect("queue defaults committed in every shard");
+    client
+        .produce(
+            "default",
+            "capped",
+            vec![message("capped", 0), message("capped", 1)],
+        )
+        .await
+        .unwrap();
+
+    cluster.kill(victim);
+    let new_leader = cluster.leader_of(shard, survivor).await;
+    assert_ne!(new_leader, victim);
+    let impatient = cluster
+        .client(survivor)
+        .with_retry(floret_client::RetryPolicy {
+            give_up_after: Duration::ZERO,
+            ..Default::default()
+        });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match impatient
+            .produce("default", "capped", vec![message("capped", 2)])
+            .await
+        {
+            Err(floret_client::ClientError::Status(status))
+                if status.code() != Code::Unavailable =>
+            {
+                break status.code();
+            }
+            Ok(_) => panic!("the limit was forgotten after failover"),
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer from the new leader: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(refused, Code::ResourceExhausted);
+    let answer = cluster
+        .client(survivor)
+        .get_policy("default", "capped")
+        .await
+        .unwrap();
+    assert_eq!(answer.producer_override.unwrap().max_messages, Some(2));
+    assert_eq!(answer.effective.unwrap().weight, Some(2));
+}
