@@ -467,3 +467,69 @@ async fn policies_survive_a_restart() {
     );
     assert_eq!(refused.code(), Code::ResourceExhausted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_producers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("floret.toml");
+    std::fs::write(
+        &config,
+        "[backpressure]\nhigh_watermark_bytes = 200000\nlow_watermark_bytes = 100000\nretry_after_ms = 50\n",
+    )
+    .unwrap();
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let patient = node.client().with_retry(RetryPolicy {
+        give_up_after: Duration::from_secs(120),
+        ..RetryPolicy::default()
+    });
+    let batch: Vec<Message> = (0..100)
+        .map(|_| Message {
+            payload: vec![7; 128],
+            headers: HashMap::new(),
+        })
+        .collect();
+    let flood = tokio::spawn(async move {
+        for _ in 0..40 {
+            patient
+                .produce(QUEUE, "flood", batch.clone())
+                .await
+                .expect("the flooder is slowed, not failed");
+        }
+    });
+
+    let client = impatient(&node);
+    eventually(DEADLINE, "the flooder throttled by the node", || async {
+        match produce(&client, "flood", &["probe"]).await {
+            Err(ClientError::Status(status)) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(status.message().contains("fair share"), "{status:?}");
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+    for quiet in 0..10 {
+        produce(&client, &format!("quiet-{quiet}"), &["hello"])
+            .await
+            .expect("a producer under its fair share is accepted past the watermark");
+    }
+    assert!(!flood.is_finished(), "the flood went through unthrottled");
+
+    let mut consumer = client.consume(QUEUE, 256).await.unwrap();
+    let mut quiet_delivered = std::collections::HashSet::new();
+    while quiet_delivered.len() < 10 || !flood.is_finished() {
+        let delivery = next_delivery(&mut consumer).await;
+        if delivery.producer_id.starts_with("quiet-") {
+            quiet_delivered.insert(delivery.producer_id.clone());
+        }
+        consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+        consumer.credit(1).await.unwrap();
+    }
+    flood
+        .await
+        .expect("every flood batch was accepted in the end");
+}

@@ -46,6 +46,8 @@ pub struct Config {
     pub gossip: GossipSettings,
     /// Fairness across nodes.
     pub fairness: FairnessConfig,
+    /// Node-level backpressure.
+    pub backpressure: BackpressureConfig,
 }
 
 /// How the node gossips its load (clusters of more than one node only).
@@ -85,6 +87,30 @@ impl Default for FairnessConfig {
     fn default() -> Self {
         Self {
             cross_node_split: true,
+        }
+    }
+}
+
+/// When a node slows its producers down: above the high watermark of bytes
+/// stored on it, producers holding more than their fair share are refused
+/// with a retry hint until the node is back below the low watermark.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackpressureConfig {
+    /// Stored message bytes (every shard replica on the node) at which throttling starts.
+    pub high_watermark_bytes: u64,
+    /// Stored message bytes below which it stops.
+    pub low_watermark_bytes: u64,
+    /// Wait suggested to a throttled producer.
+    pub retry_after_ms: u64,
+}
+
+impl Default for BackpressureConfig {
+    fn default() -> Self {
+        Self {
+            high_watermark_bytes: 8 * 1024 * 1024 * 1024,
+            low_watermark_bytes: 6 * 1024 * 1024 * 1024,
+            retry_after_ms: 200,
         }
     }
 }
@@ -211,6 +237,7 @@ impl Default for Config {
             raft: RaftConfig::default(),
             gossip: GossipSettings::default(),
             fairness: FairnessConfig::default(),
+            backpressure: BackpressureConfig::default(),
         }
     }
 }
@@ -442,6 +469,15 @@ impl Config {
             return invalid(
                 "raft.election_timeout_max_ms must be above raft.election_timeout_min_ms".into(),
             );
+        }
+        let backpressure = &self.backpressure;
+        if backpressure.low_watermark_bytes >= backpressure.high_watermark_bytes
+            || backpressure.retry_after_ms == 0
+        {
+            return invalid(format!(
+                "backpressure.low_watermark_bytes ({}) must be below backpressure.high_watermark_bytes ({}), and retry_after_ms > 0",
+                backpressure.low_watermark_bytes, backpressure.high_watermark_bytes
+            ));
         }
         if raft.snapshot_every_entries == 0 {
             return invalid("raft.snapshot_every_entries must be > 0".into());

@@ -19,10 +19,13 @@
 //! Producer policies (weights, tiers, limits, TTL, attempts, rates) are
 //! replicated with the queues; [`policy`] maps them onto the scheduler and
 //! the produce path, and the Admin service sets them and manages dead letters.
+//! A node short of room throttles the producers over their fair share
+//! ([`backpressure`]).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No node-level backpressure, delayed delivery or idle-producer clean-up yet.
+//! - No delayed delivery or idle-producer clean-up yet.
 
+pub mod backpressure;
 pub mod commit;
 pub mod config;
 pub mod delivery_id;

@@ -31,6 +31,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::backpressure::Backpressure;
 use crate::commit::Committer;
 use crate::config::Config;
 use crate::dispatcher::{self, DispatcherHandle};
@@ -178,6 +179,7 @@ impl Node {
             proposers.clone(),
             config.limits.clone(),
             consumers,
+            Backpressure::new(config.backpressure.clone(), shards.clone()),
         ))
         .max_decoding_message_size(config.limits.max_request_bytes);
         let peer = PeerServer::new(PeerService::new(

@@ -37,7 +37,7 @@ pub mod wal;
 pub use database::{DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError};
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
-pub use reader::{ProducerEntry, ShardReader};
+pub use reader::{BacklogTotals, ProducerEntry, ShardReader};
 pub use snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};
 pub use types::*;

@@ -1,8 +1,10 @@
 //! Read access to one shard's queues, shared by the state machine, the
 //! node's dispatcher (payloads are read from here when dispatched, never held
 //! in memory) and the stats API. It also holds the shard's policies in
-//! memory ([`PolicyTable`]), which the state machine keeps equal to the tree.
+//! memory ([`PolicyTable`]) and its [`BacklogTotals`], which the state
+//! machine keeps equal to the tree.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::keys;
@@ -16,6 +18,56 @@ use crate::types::StorageError;
 pub struct ShardReader {
     tree: sled::Tree,
     policies: Arc<RwLock<PolicyTable>>,
+    totals: Arc<BacklogTotals>,
+}
+
+/// What the shard stores over all its producers, kept up to date by every
+/// apply so that backpressure reads it without a scan.
+#[derive(Debug, Default)]
+pub struct BacklogTotals {
+    bytes: AtomicU64,
+    messages: AtomicU64,
+    producers: AtomicU64,
+}
+
+impl BacklogTotals {
+    /// Stored bytes of every producer's messages.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Stored messages.
+    pub fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
+    }
+
+    /// Producers with at least one stored message.
+    pub fn producers(&self) -> u64 {
+        self.producers.load(Ordering::Relaxed)
+    }
+
+    /// A producer went from `before` to `after` (bytes, messages).
+    pub(crate) fn changed(&self, before: (u64, u64), after: (u64, u64)) {
+        self.bytes
+            .fetch_add(after.0.wrapping_sub(before.0), Ordering::Relaxed);
+        self.messages
+            .fetch_add(after.1.wrapping_sub(before.1), Ordering::Relaxed);
+        match (before.1 > 0, after.1 > 0) {
+            (false, true) => {
+                self.producers.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.producers.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    fn reset(&self, bytes: u64, messages: u64, producers: u64) {
+        self.bytes.store(bytes, Ordering::Relaxed);
+        self.messages.store(messages, Ordering::Relaxed);
+        self.producers.store(producers, Ordering::Relaxed);
+    }
 }
 
 /// One producer as the state machine knows it.
@@ -33,10 +85,32 @@ impl ShardReader {
     /// A reader of `tree`, with the policies it stores loaded.
     pub(crate) fn new(tree: sled::Tree) -> Result<Self, StorageError> {
         let policies = Self::load_policies(&tree)?;
-        Ok(Self {
+        let reader = Self {
             tree,
             policies: Arc::new(RwLock::new(policies)),
-        })
+            totals: Arc::default(),
+        };
+        reader.count_totals()?;
+        Ok(reader)
+    }
+
+    /// Sums every producer's counters into the totals (at open, and after
+    /// a snapshot replaced the tree). O(producers).
+    fn count_totals(&self) -> Result<(), StorageError> {
+        let (mut bytes, mut messages, mut producers) = (0, 0, 0);
+        for entry in self.producers() {
+            let record = entry?.record;
+            bytes += record.bytes;
+            messages += record.messages;
+            producers += u64::from(record.messages > 0);
+        }
+        self.totals.reset(bytes, messages, producers);
+        Ok(())
+    }
+
+    /// What the shard stores over all producers.
+    pub fn totals(&self) -> &BacklogTotals {
+        &self.totals
     }
 
     fn load_policies(tree: &sled::Tree) -> Result<PolicyTable, StorageError> {
@@ -55,11 +129,11 @@ impl ShardReader {
         Ok(table)
     }
 
-    /// Loads the policies again after the tree was replaced (a snapshot).
-    pub(crate) fn reload_policies(&self) -> Result<(), StorageError> {
+    /// Loads the policies and totals again after the tree was replaced (a snapshot).
+    pub(crate) fn reload(&self) -> Result<(), StorageError> {
         let table = Self::load_policies(&self.tree)?;
         *self.policies.write().expect("policy lock") = table;
-        Ok(())
+        self.count_totals()
     }
 
     /// Records a policy the state machine is writing.

@@ -149,6 +149,8 @@ struct PendingApply<'a> {
     reader: &'a ShardReader,
     changes: ChangeSet,
     producers: HashMap<Vec<u8>, ProducerRecord>,
+    /// (bytes, messages) of each producer in `producers` before this apply.
+    stored_before: HashMap<Vec<u8>, (u64, u64)>,
     /// Next dead-letter id per queue, for queues that got dead letters in this apply.
     next_dead_letter: HashMap<String, u64>,
     events: Vec<AppliedEvent>,
@@ -161,6 +163,7 @@ impl<'a> PendingApply<'a> {
             reader,
             changes: ChangeSet::default(),
             producers: HashMap::new(),
+            stored_before: HashMap::new(),
             next_dead_letter: HashMap::new(),
             events: Vec::new(),
         }
@@ -193,6 +196,8 @@ impl<'a> PendingApply<'a> {
                     .get(&key)
                     .map_err(storage_error::read_state_machine)?,
             )?;
+            self.stored_before
+                .insert(key.clone(), (record.bytes, record.messages));
             self.producers.insert(key.clone(), record);
         }
         Ok(self.producers.get_mut(&key).expect("inserted above"))
@@ -504,7 +509,10 @@ impl<'a> PendingApply<'a> {
     }
 
     fn commit(mut self, applied: &AppliedState) -> Result<Vec<AppliedEvent>, StorageError> {
+        let mut changed_totals = Vec::with_capacity(self.producers.len());
         for (key, record) in self.producers {
+            let before = self.stored_before.get(&key).copied().unwrap_or_default();
+            changed_totals.push((before, (record.bytes, record.messages)));
             self.changes.insert(key, encode(&record));
         }
         for (queue, id) in self.next_dead_letter {
@@ -515,6 +523,9 @@ impl<'a> PendingApply<'a> {
         self.changes
             .write(self.reader.tree())
             .map_err(storage_error::write_state_machine)?;
+        for (before, after) in changed_totals {
+            self.reader.totals().changed(before, after);
+        }
         Ok(self.events)
     }
 }
@@ -616,7 +627,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         );
         tree.apply_batch(batch)
             .map_err(storage_error::write_state_machine)?;
-        self.reader.reload_policies()?;
+        self.reader.reload()?;
         self.snapshot_file
             .save(meta, &data)
             .map_err(|e| storage_error::write_snapshot(signature, &e))?;

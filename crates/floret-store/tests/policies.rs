@@ -382,3 +382,44 @@ async fn snapshot_carries_policies_to_the_replica() {
         Some(7)
     );
 }
+
+#[tokio::test]
+async fn backlog_totals_follow_every_apply_and_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(0, None).unwrap();
+    let reader = state_machine.reader();
+    state_machine
+        .apply(vec![entry(
+            1,
+            vec![enqueue("a", &["x", "y"]), enqueue("b", &["z"])],
+        )])
+        .await
+        .unwrap();
+    let totals = reader.totals();
+    assert_eq!((totals.messages(), totals.producers()), (3, 2));
+    let stored: u64 = reader.producers().map(|p| p.unwrap().record.bytes).sum();
+    assert_eq!(totals.bytes(), stored);
+    let removal = |producer: &str, sequence| MessageRef {
+        queue: QUEUE.into(),
+        producer: producer.into(),
+        sequence,
+    };
+    state_machine
+        .apply(vec![entry(
+            2,
+            vec![Op::Remove(vec![removal("b", 0), removal("a", 0)])],
+        )])
+        .await
+        .unwrap();
+    assert_eq!((totals.messages(), totals.producers()), (1, 1));
+    let remaining = reader.producer(QUEUE, "a").unwrap().unwrap().bytes;
+    assert_eq!(totals.bytes(), remaining);
+    drop(state_machine);
+    let reopened = database.state_machine(0, None).unwrap();
+    let totals = reopened.reader();
+    assert_eq!(
+        (totals.totals().bytes(), totals.totals().messages()),
+        (remaining, 1)
+    );
+}

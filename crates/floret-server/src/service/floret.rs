@@ -8,9 +8,10 @@
 //! dispatcher ([`super::fan_in`]); acks go to their shard's leader
 //! ([`Settler`]).
 //!
-//! A produce is checked against the producer's `produce_rate` on the leader
-//! (token buckets in memory) and against its `max_messages` / `max_bytes` at
-//! apply; over either it fails RESOURCE_EXHAUSTED with a retry-after hint.
+//! A produce is checked on the leader against node backpressure
+//! ([`crate::backpressure`]) and the producer's `produce_rate` (token buckets
+//! in memory), and at apply against its `max_messages` / `max_bytes`; over
+//! any of them it fails RESOURCE_EXHAUSTED with a retry-after hint.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A forwarded produce costs one more network round trip; clients do not
@@ -29,6 +30,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms, status};
+use crate::backpressure::Backpressure;
 use crate::config::Limits;
 use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::policy::{self, RateLimiter};
@@ -43,6 +45,7 @@ pub struct FloretService {
     limits: Limits,
     sources: fan_in::Sources,
     rates: RateLimiter,
+    backpressure: Backpressure,
 }
 
 impl FloretService {
@@ -52,6 +55,7 @@ impl FloretService {
         proposers: Proposers,
         limits: Limits,
         sources: fan_in::Sources,
+        backpressure: Backpressure,
     ) -> Self {
         Self {
             shards,
@@ -59,6 +63,7 @@ impl FloretService {
             limits,
             sources,
             rates: RateLimiter::default(),
+            backpressure,
         }
     }
 }
@@ -66,6 +71,16 @@ impl FloretService {
 /// Wait suggested to a producer refused for being at its limits: about the
 /// time consumers take to make room.
 const OVER_LIMIT_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// About the bytes a message takes once stored (payload, headers, timestamp).
+fn stored_size_estimate(message: &v1::Message) -> usize {
+    let headers: usize = message
+        .headers
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    message.payload.len() + headers + 12
+}
 
 /// "max_messages 10, max_bytes 4096" for the limits a policy sets.
 fn describe_limits(policy: &floret_store::policy::Policy) -> String {
@@ -142,6 +157,18 @@ impl v1::floret_server::Floret for FloretService {
         };
         if let Some(group) = self.shards.group(shard) {
             let policy = group.reader.policy(&queue, &producer);
+            let incoming: u64 = request
+                .messages
+                .iter()
+                .map(|m| stored_size_estimate(m) as u64)
+                .sum();
+            self.backpressure.admit(
+                &group.reader,
+                &queue,
+                &producer,
+                policy.weight.unwrap_or(1),
+                incoming,
+            )?;
             if let Some(rate) = policy.produce_rate
                 && let Err(wait) = self.rates.take(
                     &queue,
