@@ -533,3 +533,43 @@ async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_
         .await
         .expect("every flood batch was accepted in the end");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_message_does_not_hold_back_its_neighbours_and_comes_in_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let deliver_at = now_ms + 1_500;
+    client
+        .produce_at(QUEUE, "later", vec![message("late")], deliver_at)
+        .await
+        .unwrap();
+    produce(&client, "later", &["on time"]).await.unwrap();
+    for neighbour in ["a", "b"] {
+        produce(&client, neighbour, &["0", "1", "2"]).await.unwrap();
+    }
+    let mut consumer = client.consume(QUEUE, 32).await.unwrap();
+    let first = consume_acking(&mut consumer, 8).await;
+    let arrived_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let (late, others): (Vec<_>, Vec<_>) = first.iter().partition(|d| payload(d) == "late");
+    assert_eq!(late.len(), 1, "{first:?}");
+    assert_eq!(others.len(), 7);
+    assert_eq!(
+        payload(first.last().unwrap()),
+        "late",
+        "the delayed message held back a neighbour or its own producer's next message"
+    );
+    assert!(
+        arrived_at_ms >= deliver_at,
+        "delivered {} ms early",
+        deliver_at - arrived_at_ms
+    );
+    assert_eq!(late[0].attempt, 1);
+}

@@ -48,6 +48,10 @@ pub struct ProduceArgs {
     /// Print the load summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Deliver the messages (from arguments or stdin) no earlier than this
+    /// many ms from now.
+    #[arg(long, conflicts_with = "count")]
+    delay_ms: Option<u64>,
 }
 
 pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
@@ -79,6 +83,12 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     } else {
         args.messages
     };
+    let deliver_at_ms = args.delay_ms.map_or(0, |delay| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (now.as_millis() as u64).saturating_add(delay) as i64
+    });
     for chunk in payloads.chunks(args.batch.max(1)) {
         let messages = chunk
             .iter()
@@ -88,7 +98,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             })
             .collect();
         let response = client
-            .produce(&args.queue, &args.producer, messages)
+            .produce_at(&args.queue, &args.producer, messages, deliver_at_ms)
             .await?;
         for sequence in response.sequences {
             println!("{sequence}");

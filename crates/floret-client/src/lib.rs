@@ -114,11 +114,24 @@ impl Client {
         producer_id: &str,
         messages: Vec<Message>,
     ) -> Result<ProduceResponse, ClientError> {
+        self.produce_at(queue, producer_id, messages, 0).await
+    }
+
+    /// Like [`Self::produce`], for messages to be delivered no earlier than
+    /// `deliver_at_unix_ms` (ms since the Unix epoch; at most 30 days ahead).
+    pub async fn produce_at(
+        &self,
+        queue: &str,
+        producer_id: &str,
+        messages: Vec<Message>,
+        deliver_at_unix_ms: i64,
+    ) -> Result<ProduceResponse, ClientError> {
         let request = v1::ProduceRequest {
             queue: queue.to_owned(),
             producer_id: producer_id.to_owned(),
             messages,
             producer_sequence: None,
+            deliver_at_unix_ms,
         };
         self.send_produce(request, is_throttled).await
     }
@@ -137,6 +150,7 @@ impl Client {
             producer_id: producer_id.to_owned(),
             messages,
             producer_sequence: Some(producer_sequence),
+            deliver_at_unix_ms: 0,
         };
         self.send_produce(request, is_retryable).await
     }

@@ -53,6 +53,9 @@ pub(crate) struct ProducerSlot<K> {
     redeliveries: BTreeMap<u64, u32>,
     /// Leased messages (sequence -> attempt); deadlines live in the lease heap.
     leases: HashMap<u64, u32>,
+    /// Messages held back until their time comes (sequence -> attempt of
+    /// their next delivery); neither ready nor leased.
+    held: HashMap<u64, u32>,
     /// DRR quantum, granted as credits at the start of each turn.
     pub(crate) weight: u32,
     /// Tier whose ring the producer joins.
@@ -76,6 +79,7 @@ impl<K> ProducerSlot<K> {
             undelivered: Undelivered::new(),
             redeliveries: BTreeMap::new(),
             leases: HashMap::new(),
+            held: HashMap::new(),
             weight: 1,
             priority: 0,
             max_in_flight: u32::MAX,
@@ -107,7 +111,26 @@ impl<K> ProducerSlot<K> {
         let kept = self.redeliveries.split_off(&below);
         let dropped = self.redeliveries.len() as u64;
         self.redeliveries = kept;
+        self.held.retain(|&sequence, _| sequence >= below);
         dropped + self.undelivered.drop_before(below)
+    }
+
+    /// Holds back a message whose lease was just released: it is neither
+    /// ready nor leased until [`Self::unhold`].
+    pub(crate) fn hold(&mut self, sequence: u64, attempt: u32) {
+        self.held.insert(sequence, attempt);
+    }
+
+    /// Makes a held message ready again, with the attempt it was held at;
+    /// false if it is not held (anymore).
+    pub(crate) fn unhold(&mut self, sequence: u64) -> bool {
+        match self.held.remove(&sequence) {
+            Some(attempt) => {
+                self.redeliveries.insert(sequence, attempt);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Announces committed sequences; returns how many became deliverable.
@@ -157,9 +180,9 @@ impl<K> ProducerSlot<K> {
         self.leases.len() as u64
     }
 
-    /// Nothing ready and nothing leased: the slot can be freed.
+    /// Nothing ready, leased or held: the slot can be freed.
     pub(crate) fn is_empty(&self) -> bool {
-        self.ready() == 0 && self.leases.is_empty()
+        self.ready() == 0 && self.leases.is_empty() && self.held.is_empty()
     }
 
     /// Snapshot for [`crate::Scheduler::producer`].

@@ -215,6 +215,38 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         Ok(())
     }
 
+    /// Holds back a leased message that must not be delivered yet (its time
+    /// has not come): the lease ends without a redelivery, and the message
+    /// is neither ready nor leased until [`Self::unhold`], so the
+    /// producer's other messages and the other producers go on. Same errors
+    /// as [`Self::ack`].
+    pub fn hold(&mut self, producer: &K, sequence: u64, attempt: u32) -> Result<(), SettleError> {
+        let id = self.slots.id_of(producer).ok_or(SettleError::NotLeased)?;
+        let slot = self.slots.get_mut(id).ok_or(SettleError::NotLeased)?;
+        slot.release(sequence, attempt)?;
+        slot.hold(sequence, attempt);
+        self.in_flight -= 1;
+        self.join_if_eligible(id);
+        self.discard_stale_leases();
+        Ok(())
+    }
+
+    /// A held message's time has come: it is ready again, before the
+    /// producer's never-delivered messages. False when it is no longer held
+    /// (forgotten or dropped since).
+    pub fn unhold(&mut self, producer: &K, sequence: u64) -> bool {
+        let Some(id) = self.slots.id_of(producer) else {
+            return false;
+        };
+        let slot = self.slots.get_mut(id).expect("id just looked up");
+        if !slot.unhold(sequence) {
+            return false;
+        }
+        self.ready += 1;
+        self.join_if_eligible(id);
+        true
+    }
+
     /// The consumer hands the message back: it is deliverable again with
     /// attempt + 1, before that producer's never-delivered messages. Same
     /// errors as [`Self::ack`].

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use floret_store::{Command, NodeId, Op, OpReply, Raft, ShardId};
+use floret_store::{Command, DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -135,7 +135,9 @@ impl ShardProposer {
 
 fn op_bytes(op: &Op) -> usize {
     match op {
-        Op::Enqueue(enqueue) => enqueue.messages.iter().map(|m| m.payload.len() + 64).sum(),
+        Op::Enqueue(enqueue) | Op::EnqueueDelayed(DelayedEnqueue { enqueue, .. }) => {
+            enqueue.messages.iter().map(|m| m.payload.len() + 64).sum()
+        }
         Op::Remove(messages) => messages.len() * 64,
         Op::SetPolicy(_) => 128,
         Op::Discard(discard) => discard.messages.len() * 96,

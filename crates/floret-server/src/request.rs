@@ -112,6 +112,20 @@ pub fn settle_kind(nack: bool, settle: &v1::Settle) -> Result<SettleKind, Status
     }
 }
 
+/// Furthest ahead a message may be delayed.
+pub const MAX_DELAY_MS: i64 = 30 * 24 * 3600 * 1000;
+
+/// A produce's not-before time: at most [`MAX_DELAY_MS`] after `now_ms`
+/// (0 and past times mean at once).
+pub fn deliver_at(deliver_at_ms: i64, now_ms: i64) -> Result<i64, Status> {
+    if deliver_at_ms > now_ms.saturating_add(MAX_DELAY_MS) {
+        return Err(Status::invalid_argument(format!(
+            "deliver_at_unix_ms {deliver_at_ms} is more than 30 days ahead (now {now_ms})"
+        )));
+    }
+    Ok(deliver_at_ms)
+}
+
 /// Credits a consumer grants: at least one.
 pub fn credits(credits: u32) -> Result<u32, Status> {
     if credits == 0 {
@@ -168,6 +182,14 @@ mod tests {
             "{}",
             status.message()
         );
+    }
+
+    #[test]
+    fn delay_beyond_thirty_days_is_refused() {
+        assert_eq!(deliver_at(0, 1_000).unwrap(), 0);
+        assert!(deliver_at(1_000 + MAX_DELAY_MS, 1_000).is_ok());
+        let status = deliver_at(1_001 + MAX_DELAY_MS, 1_000).unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
     }
 
     #[test]

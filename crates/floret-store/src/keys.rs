@@ -11,7 +11,9 @@
 //! - `Q` queue-len:u8 queue -> the queue's default [`crate::policy::Policy`];
 //! - `O` queue-len:u8 queue producer -> a producer's override [`crate::policy::Policy`];
 //! - `D` queue-len:u8 queue id:u64be -> [`crate::records::DeadLetterRecord`];
-//! - `N` queue-len:u8 queue -> the id the queue's next dead letter gets (u64).
+//! - `N` queue-len:u8 queue -> the id the queue's next dead letter gets (u64);
+//! - `T` + a message key without its `M` -> when that delayed message may be
+//!   delivered (i64 ms since the Unix epoch); only delayed messages have one.
 //!
 //! Lengths are prefixed so that producer `ab` and producer `abc` never share a
 //! key prefix.
@@ -33,6 +35,23 @@ pub const PRODUCER_POLICY_TAG: u8 = b'O';
 pub const DEAD_LETTER_TAG: u8 = b'D';
 /// First byte of every next-dead-letter-id key.
 pub const NEXT_DEAD_LETTER_TAG: u8 = b'N';
+
+/// First byte of every delay key.
+pub const DELAY_TAG: u8 = b'T';
+
+/// Key of the delivery time of the message whose key is `message_key`.
+pub fn delay(message_key: &[u8]) -> Vec<u8> {
+    let mut key = message_key.to_vec();
+    key[0] = DELAY_TAG;
+    key
+}
+
+/// The message key a delay key belongs to.
+pub fn delayed_message(delay_key: &[u8]) -> Vec<u8> {
+    let mut key = delay_key.to_vec();
+    key[0] = MESSAGE_TAG;
+    key
+}
 
 /// Key of a queue's default policy.
 pub fn queue_policy(queue: &str) -> Vec<u8> {
@@ -156,6 +175,14 @@ mod tests {
         sorted.sort();
         let sequences: Vec<_> = sorted.iter().filter_map(|k| message_sequence(k)).collect();
         assert_eq!(sequences, vec![0, 1, 255, 256]);
+    }
+
+    #[test]
+    fn delay_key_maps_back_to_its_message() {
+        let message = message("q", "p", 9);
+        let delay = delay(&message);
+        assert_eq!(delay[0], DELAY_TAG);
+        assert_eq!(delayed_message(&delay), message);
     }
 
     #[test]

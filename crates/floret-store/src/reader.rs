@@ -1,9 +1,10 @@
 //! Read access to one shard's queues, shared by the state machine, the
 //! node's dispatcher (payloads are read from here when dispatched, never held
 //! in memory) and the stats API. It also holds the shard's policies in
-//! memory ([`PolicyTable`]) and its [`BacklogTotals`], which the state
-//! machine keeps equal to the tree.
+//! memory ([`PolicyTable`]), its [`BacklogTotals`] and the delivery times of
+//! its delayed messages, which the state machine keeps equal to the tree.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -19,6 +20,8 @@ pub struct ShardReader {
     tree: sled::Tree,
     policies: Arc<RwLock<PolicyTable>>,
     totals: Arc<BacklogTotals>,
+    /// Delivery time of every stored delayed message, by message key.
+    delays: Arc<RwLock<HashMap<Vec<u8>, i64>>>,
 }
 
 /// What the shard stores over all its producers, kept up to date by every
@@ -85,13 +88,57 @@ impl ShardReader {
     /// A reader of `tree`, with the policies it stores loaded.
     pub(crate) fn new(tree: sled::Tree) -> Result<Self, StorageError> {
         let policies = Self::load_policies(&tree)?;
+        let delays = Self::load_delays(&tree)?;
         let reader = Self {
             tree,
             policies: Arc::new(RwLock::new(policies)),
             totals: Arc::default(),
+            delays: Arc::new(RwLock::new(delays)),
         };
         reader.count_totals()?;
         Ok(reader)
+    }
+
+    fn load_delays(tree: &sled::Tree) -> Result<HashMap<Vec<u8>, i64>, StorageError> {
+        let mut delays = HashMap::new();
+        for item in tree.scan_prefix([keys::DELAY_TAG]) {
+            let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            let deliver_at: i64 =
+                decode("delivery time", &value).map_err(storage_error::read_state_machine)?;
+            delays.insert(keys::delayed_message(&key), deliver_at);
+        }
+        Ok(delays)
+    }
+
+    /// When the stored message `(queue, producer, sequence)` may be
+    /// delivered, if it was produced with a delay. Costs one lock read when
+    /// the shard holds no delayed message.
+    pub fn deliver_at(&self, queue: &str, producer: &str, sequence: u64) -> Option<i64> {
+        let delays = self.delays.read().expect("delay lock");
+        if delays.is_empty() {
+            return None;
+        }
+        delays
+            .get(&keys::message(queue, producer, sequence))
+            .copied()
+    }
+
+    /// Whether the message stored under `message_key` has a delivery time.
+    pub(crate) fn is_delayed(&self, message_key: &[u8]) -> bool {
+        let delays = self.delays.read().expect("delay lock");
+        !delays.is_empty() && delays.contains_key(message_key)
+    }
+
+    /// Records delivery times an apply wrote and removed.
+    pub(crate) fn delays_changed(&self, added: HashMap<Vec<u8>, i64>, removed: Vec<Vec<u8>>) {
+        if added.is_empty() && removed.is_empty() {
+            return;
+        }
+        let mut delays = self.delays.write().expect("delay lock");
+        for key in removed {
+            delays.remove(&key);
+        }
+        delays.extend(added);
     }
 
     /// Sums every producer's counters into the totals (at open, and after
@@ -133,6 +180,7 @@ impl ShardReader {
     pub(crate) fn reload(&self) -> Result<(), StorageError> {
         let table = Self::load_policies(&self.tree)?;
         *self.policies.write().expect("policy lock") = table;
+        *self.delays.write().expect("delay lock") = Self::load_delays(&self.tree)?;
         self.count_totals()
     }
 

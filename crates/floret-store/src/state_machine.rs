@@ -38,8 +38,8 @@ use crate::records::{
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{
-    Command, CommandReply, DeadLetterReason, DeadLetterSelection, Discard, Enqueue, LogId,
-    MessageRef, Op, OpReply, SetPolicy, ShardId, StorageError, TypeConfig,
+    Command, CommandReply, DeadLetterReason, DeadLetterSelection, DelayedEnqueue, Discard, Enqueue,
+    LogId, MessageRef, Op, OpReply, SetPolicy, ShardId, StorageError, TypeConfig,
 };
 
 /// What a shard applied that the node's dispatcher must know.
@@ -153,6 +153,10 @@ struct PendingApply<'a> {
     stored_before: HashMap<Vec<u8>, (u64, u64)>,
     /// Next dead-letter id per queue, for queues that got dead letters in this apply.
     next_dead_letter: HashMap<String, u64>,
+    /// Delivery times written by this apply, by message key.
+    delays_added: HashMap<Vec<u8>, i64>,
+    /// Message keys whose delivery time this apply removed.
+    delays_removed: Vec<Vec<u8>>,
     events: Vec<AppliedEvent>,
 }
 
@@ -165,6 +169,8 @@ impl<'a> PendingApply<'a> {
             producers: HashMap::new(),
             stored_before: HashMap::new(),
             next_dead_letter: HashMap::new(),
+            delays_added: HashMap::new(),
+            delays_removed: Vec::new(),
             events: Vec::new(),
         }
     }
@@ -281,6 +287,41 @@ impl<'a> PendingApply<'a> {
         })
     }
 
+    /// Appends messages that wait until `deliver_at_ms`: each gets a delay
+    /// key next to it.
+    fn enqueue_delayed(&mut self, delayed: &DelayedEnqueue) -> Result<OpReply, StorageError> {
+        let reply = self.enqueue(&delayed.enqueue)?;
+        if let OpReply::Enqueued {
+            first_sequence,
+            count,
+            duplicate: false,
+        } = reply
+        {
+            let (queue, producer) = (&delayed.enqueue.queue, &delayed.enqueue.producer);
+            for sequence in first_sequence..first_sequence + count {
+                let key = keys::message(queue, producer, sequence);
+                if self
+                    .changes
+                    .pending(&key)
+                    .is_some_and(|value| value.is_some())
+                {
+                    self.changes
+                        .insert(keys::delay(&key), encode(&delayed.deliver_at_ms));
+                    self.delays_added.insert(key, delayed.deliver_at_ms);
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Removes the delivery time of a message being deleted, if it has one.
+    fn forget_delay(&mut self, message_key: &[u8]) {
+        if self.delays_added.remove(message_key).is_some() || self.reader.is_delayed(message_key) {
+            self.changes.remove(keys::delay(message_key));
+            self.delays_removed.push(message_key.to_vec());
+        }
+    }
+
     /// Takes the producer's oldest messages out until it is within its
     /// limits again, keeping them as dead letters if `dead_letter`.
     fn trim_oldest(
@@ -326,6 +367,7 @@ impl<'a> PendingApply<'a> {
         };
         for (key, value) in oldest {
             let sequence = keys::message_sequence(&key).expect("message keys end with a sequence");
+            self.forget_delay(&key);
             self.changes.remove(key);
             if dead_letter {
                 self.keep_dead_letter(
@@ -367,6 +409,7 @@ impl<'a> PendingApply<'a> {
         if record.head == message.sequence {
             record.head += 1;
         }
+        self.forget_delay(&key);
         self.changes.remove(key);
         Ok(Some(value))
     }
@@ -526,6 +569,8 @@ impl<'a> PendingApply<'a> {
         for (before, after) in changed_totals {
             self.reader.totals().changed(before, after);
         }
+        self.reader
+            .delays_changed(self.delays_added, self.delays_removed);
         Ok(self.events)
     }
 }
@@ -565,6 +610,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     for op in ops {
                         replies.push(match op {
                             Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
+                            Op::EnqueueDelayed(delayed) => pending.enqueue_delayed(delayed)?,
                             Op::Remove(messages) => pending.remove(messages)?,
                             Op::SetPolicy(change) => pending.set_policy(change),
                             Op::Discard(discard) => pending.discard(discard)?,

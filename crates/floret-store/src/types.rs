@@ -58,6 +58,17 @@ pub enum Op {
     ReplayDeadLetters(DeadLetterSelection),
     /// Delete dead letters.
     DeleteDeadLetters(DeadLetterSelection),
+    /// Append messages that are not to be delivered before a time.
+    EnqueueDelayed(DelayedEnqueue),
+}
+
+/// Messages of one producer, held back until `deliver_at_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelayedEnqueue {
+    /// The messages, as a plain enqueue.
+    pub enqueue: Enqueue,
+    /// Not delivered before this, ms since the Unix epoch.
+    pub deliver_at_ms: i64,
 }
 
 /// A policy change.

@@ -1,13 +1,15 @@
 //! Policies applied by the state machine: limits and their overflow actions,
-//! dead letters, and policies surviving a reopen and a snapshot.
+//! dead letters, delayed messages, backlog totals, and policies surviving a
+//! reopen and a snapshot.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use floret_store::policy::{Overflow, Policy};
 use floret_store::{
-    AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection, Discard,
-    Discarded, Enqueue, MessageRef, NewMessage, Op, OpReply, SetPolicy, StateMachine, TypeConfig,
+    AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection,
+    DelayedEnqueue, Discard, Discarded, Enqueue, MessageRef, NewMessage, Op, OpReply, SetPolicy,
+    StateMachine, TypeConfig,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
@@ -421,5 +423,75 @@ async fn backlog_totals_follow_every_apply_and_a_reopen() {
     assert_eq!(
         (totals.totals().bytes(), totals.totals().messages()),
         (remaining, 1)
+    );
+}
+
+#[tokio::test]
+async fn delivery_time_is_kept_until_its_message_is_removed_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let delayed = |payloads: &[&str]| {
+        let Op::Enqueue(enqueue) = enqueue("p", payloads) else {
+            unreachable!()
+        };
+        Op::EnqueueDelayed(DelayedEnqueue {
+            enqueue,
+            deliver_at_ms: 9_000,
+        })
+    };
+    {
+        let mut state_machine = database.state_machine(0, None).unwrap();
+        state_machine
+            .apply(vec![entry(
+                1,
+                vec![delayed(&["d0", "d1"]), enqueue("p", &["now"])],
+            )])
+            .await
+            .unwrap();
+        let reader = state_machine.reader();
+        assert_eq!(reader.deliver_at(QUEUE, "p", 0), Some(9_000));
+        assert_eq!(reader.deliver_at(QUEUE, "p", 2), None);
+        state_machine
+            .apply(vec![entry(
+                2,
+                vec![Op::Remove(vec![MessageRef {
+                    queue: QUEUE.into(),
+                    producer: "p".into(),
+                    sequence: 0,
+                }])],
+            )])
+            .await
+            .unwrap();
+        assert_eq!(reader.deliver_at(QUEUE, "p", 0), None);
+        let (_, keys_before) = reader.digest().unwrap();
+        assert_eq!(keys_before, 5, "applied, producer, 2 messages, 1 delay");
+    }
+    let reopened = database.state_machine(0, None).unwrap();
+    assert_eq!(reopened.reader().deliver_at(QUEUE, "p", 1), Some(9_000));
+}
+
+#[tokio::test]
+async fn dropping_a_delayed_message_for_a_limit_drops_its_delivery_time() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(Some("p"), limit(1, Overflow::DropOldest))])
+        .await;
+    let Op::Enqueue(first) = enqueue("p", &["late"]) else {
+        unreachable!()
+    };
+    fixture
+        .apply(vec![Op::EnqueueDelayed(DelayedEnqueue {
+            enqueue: first,
+            deliver_at_ms: 9_000,
+        })])
+        .await;
+    fixture.apply(vec![enqueue("p", &["newer"])]).await;
+    let reader = fixture.state_machine.reader();
+    assert_eq!(reader.deliver_at(QUEUE, "p", 0), None);
+    assert_eq!(fixture.payloads("p"), ["newer"]);
+    let (_, keys) = reader.digest().unwrap();
+    assert_eq!(
+        keys, 4,
+        "applied, producer, policy, one message: no stale delay key"
     );
 }

@@ -604,3 +604,35 @@ fn new_defaults_reach_producers_without_an_override_only() {
     assert_eq!(scheduler.backlogged_weight(), 4);
     assert_eq!(order(&mut scheduler, now, 8), "aaabaaab");
 }
+
+#[test]
+fn held_message_lets_the_others_go_first_and_comes_back_once_released() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 0..3);
+    scheduler.enqueued(&"b", 0..2);
+    assert_eq!(scheduler.next(now), dispatch("a", 0, 1));
+    scheduler.hold(&"a", 0, 1).unwrap();
+    assert_eq!(scheduler.in_flight(), 0);
+    assert_eq!(order(&mut scheduler, now, 4), "baba");
+    assert_eq!(scheduler.next(now), None);
+    assert!(scheduler.unhold(&"a", 0));
+    assert!(!scheduler.unhold(&"a", 0), "released twice");
+    assert_eq!(scheduler.next(now), dispatch("a", 0, 1));
+}
+
+#[test]
+fn forgotten_producer_has_nothing_held_to_release() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 0..1);
+    scheduler.next(now);
+    scheduler.hold(&"a", 0, 1).unwrap();
+    assert!(
+        scheduler.producer(&"a").is_some(),
+        "a held message keeps the slot"
+    );
+    scheduler.forget(&"a");
+    assert!(!scheduler.unhold(&"a", 0));
+    assert_eq!(scheduler.ready_messages(), 0);
+}

@@ -2,7 +2,8 @@
 //! to consumers with credit. Settling lives in `settle.rs`, leadership
 //! changes in `leadership.rs`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,7 +15,7 @@ use floret_store::{
 };
 use tokio::sync::mpsc;
 
-use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
+use super::queue::{HeldMessage, LeaseKey, ProducerKey, QueueDispatch};
 use super::{
     ConsumerEvent, ConsumerId, Delivered, DispatcherCommand, DispatcherHandle, ProducerActivity,
     QueueActivity,
@@ -50,6 +51,8 @@ struct Dispatcher {
     next_consumer: ConsumerId,
     scheduler_config: SchedulerConfig,
     max_credits: u64,
+    /// Delayed messages held back, earliest first.
+    held: BinaryHeap<Reverse<HeldMessage>>,
 }
 
 /// Commands waiting for the dispatcher task, before it is spawned.
@@ -81,6 +84,7 @@ pub(crate) fn spawn(
         next_consumer: 1,
         scheduler_config,
         max_credits: u64::from(max_credits),
+        held: BinaryHeap::new(),
     };
     tokio::spawn(dispatcher.run(inbox.0));
 }
@@ -100,7 +104,10 @@ impl Dispatcher {
                         }
                     }
                 }
-                () = sleep_until(deadline), if deadline.is_some() => self.expire_leases(),
+                () = sleep_until(deadline), if deadline.is_some() => {
+                    self.expire_leases();
+                    self.release_held();
+                }
             }
         }
         tracing::debug!("dispatcher stopped");
@@ -275,6 +282,21 @@ impl Dispatcher {
                 attempt: dispatch.attempt,
             };
             let now_ms = unix_ms();
+            if let Some(due_ms) = reader.deliver_at(queue_name, &key.producer, dispatch.sequence)
+                && due_ms > now_ms as i64
+            {
+                let _lease_is_ours =
+                    queue
+                        .scheduler
+                        .hold(&key, dispatch.sequence, dispatch.attempt);
+                self.held.push(Reverse(HeldMessage {
+                    due_ms,
+                    queue: queue_name.clone(),
+                    producer: key,
+                    sequence: dispatch.sequence,
+                }));
+                continue;
+            }
             let policy = reader.policy(queue_name, &key.producer);
             if let Some(discarded) = discard_instead(&policy, &id, &message, now_ms) {
                 discards.entry(key.shard).or_default().push((id, discarded));
@@ -412,11 +434,43 @@ impl Dispatcher {
         self.pump(&consumer.queue);
     }
 
+    /// When the timer must wake: the earliest lease deadline or held message's time.
     fn next_deadline(&self) -> Option<Instant> {
-        self.queues
+        let leases = self
+            .queues
             .values()
             .filter_map(|q| q.scheduler.next_deadline())
-            .min()
+            .min();
+        let held = self.held.peek().map(|Reverse(held)| {
+            let wait_ms = (held.due_ms - unix_ms() as i64).max(0) as u64;
+            Instant::now() + std::time::Duration::from_millis(wait_ms)
+        });
+        leases.into_iter().chain(held).min()
+    }
+
+    /// Makes the held messages whose time has come ready again (those of
+    /// shards led since they were held; a rebuild holds the others anew).
+    fn release_held(&mut self) {
+        let now_ms = unix_ms() as i64;
+        let mut touched = HashSet::new();
+        while self
+            .held
+            .peek()
+            .is_some_and(|Reverse(held)| held.due_ms <= now_ms)
+        {
+            let Some(Reverse(held)) = self.held.pop() else {
+                break;
+            };
+            if self.led[held.producer.shard as usize]
+                && let Some(queue) = self.queues.get_mut(&held.queue)
+                && queue.scheduler.unhold(&held.producer, held.sequence)
+            {
+                touched.insert(held.queue);
+            }
+        }
+        for queue in touched {
+            self.pump(&queue);
+        }
     }
 
     fn expire_leases(&mut self) {

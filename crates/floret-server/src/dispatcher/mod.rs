@@ -16,6 +16,10 @@
 //! not delivered: it is discarded through raft (dead-lettered or dropped)
 //! while its lease is held, and the lease ends once that commits.
 //!
+//! Delayed messages: one that comes up for dispatch before its time is held
+//! back in the scheduler (neither ready nor leased) and put on a timer; the
+//! other producers, and the producer's own later messages, go on meanwhile.
+//!
 //! Ordering matters: state-machine events and consumer commands share one
 //! channel, so an event applied before a rebuild is handled before any ack of
 //! a message the rebuild delivered.

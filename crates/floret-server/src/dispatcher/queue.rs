@@ -12,10 +12,20 @@ use super::fairness::FairnessWindow;
 
 /// A producer as the dispatcher schedules it: the shard is part of the key so
 /// a message is read from the right shard without recomputing placement.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct ProducerKey {
     pub shard: ShardId,
     pub producer: Arc<str>,
+}
+
+/// A delayed message held back until its time, in the dispatcher's timer heap.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct HeldMessage {
+    /// When it may be delivered, ms since the Unix epoch (first, so the heap orders by it).
+    pub due_ms: i64,
+    pub queue: Arc<str>,
+    pub producer: ProducerKey,
+    pub sequence: u64,
 }
 
 /// One lease: which delivery of which message.

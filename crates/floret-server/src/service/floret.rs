@@ -23,7 +23,7 @@ use std::sync::Arc;
 use floret_cluster::Shards;
 use floret_proto::v1::{self, consume_request};
 use floret_store::ShardId;
-use floret_store::{Enqueue, Op, OpReply};
+use floret_store::{DelayedEnqueue, Enqueue, Op, OpReply};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -143,6 +143,7 @@ impl v1::floret_server::Floret for FloretService {
         let queue = request::queue_name(&request.queue)?;
         let producer = request::producer_id(&request.producer_id)?;
         request::check_messages(&request.messages, &self.limits)?;
+        let deliver_at_ms = request::deliver_at(request.deliver_at_unix_ms, now_unix_ms())?;
         let shard = self.shards.placement().shard_of(&queue, &producer);
         let proposer = match self.proposers.get(shard) {
             Some(proposer) if self.shards.leads(shard) => proposer,
@@ -189,13 +190,22 @@ impl v1::floret_server::Floret for FloretService {
         }
         let messages = request::new_messages(request.messages);
         let count = messages.len();
-        let op = Op::Enqueue(Enqueue {
+        let now_ms = now_unix_ms();
+        let enqueue = Enqueue {
             queue,
             producer,
             producer_sequence: request.producer_sequence,
-            enqueued_at_ms: now_unix_ms(),
+            enqueued_at_ms: now_ms,
             messages,
-        });
+        };
+        let op = if deliver_at_ms > now_ms {
+            Op::EnqueueDelayed(DelayedEnqueue {
+                enqueue,
+                deliver_at_ms,
+            })
+        } else {
+            Op::Enqueue(enqueue)
+        };
         let reply = proposer.propose(op).await.map_err(status::from_propose)?;
         metrics::counter!("floret_produced_messages_total").increment(count as u64);
         match reply {
