@@ -573,3 +573,49 @@ async fn delayed_message_does_not_hold_back_its_neighbours_and_comes_in_its_time
     );
     assert_eq!(late[0].attempt, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_producer_without_an_override_is_forgotten_and_may_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("floret.toml");
+    std::fs::write(&config, "[producers]\nforget_idle_after_ms = 300\n").unwrap();
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let client = node.client();
+    set(
+        &client,
+        "governed-one",
+        Policy {
+            weight: Some(2),
+            ..Policy::default()
+        },
+    )
+    .await;
+    for producer in ["passer-by", "governed-one"] {
+        produce(&client, producer, &["hello"]).await.unwrap();
+    }
+    let mut consumer = client.consume(QUEUE, 10).await.unwrap();
+    consume_acking(&mut consumer, 2).await;
+    let producers = |stats: floret_client::QueueStatsResponse| -> Vec<String> {
+        let mut ids: Vec<String> = stats
+            .queues
+            .iter()
+            .flat_map(|q| q.producers.iter().map(|p| p.producer_id.clone()))
+            .collect();
+        ids.sort();
+        ids
+    };
+    eventually(DEADLINE, "the idle producer forgotten", || async {
+        producers(client.queue_stats(QUEUE).await.unwrap()) == ["governed-one"]
+    })
+    .await;
+    let again = client
+        .produce(QUEUE, "passer-by", vec![message("back")])
+        .await
+        .unwrap();
+    assert_eq!(again.sequences, [0]);
+    let delivery = next_delivery(&mut consumer).await;
+    assert_eq!(payload(&delivery), "back");
+}

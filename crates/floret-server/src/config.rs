@@ -48,6 +48,8 @@ pub struct Config {
     pub fairness: FairnessConfig,
     /// Node-level backpressure.
     pub backpressure: BackpressureConfig,
+    /// Producers' durable state.
+    pub producers: ProducersConfig,
 }
 
 /// How the node gossips its load (clusters of more than one node only).
@@ -111,6 +113,24 @@ impl Default for BackpressureConfig {
             high_watermark_bytes: 8 * 1024 * 1024 * 1024,
             low_watermark_bytes: 6 * 1024 * 1024 * 1024,
             retry_after_ms: 200,
+        }
+    }
+}
+
+/// What is kept of producers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducersConfig {
+    /// A producer with nothing stored and no policy override for this long
+    /// has its counters deleted (its sequences start again at 0, and
+    /// idempotent retries are recognised only within this time).
+    pub forget_idle_after_ms: u64,
+}
+
+impl Default for ProducersConfig {
+    fn default() -> Self {
+        Self {
+            forget_idle_after_ms: 24 * 3600 * 1000,
         }
     }
 }
@@ -238,6 +258,7 @@ impl Default for Config {
             gossip: GossipSettings::default(),
             fairness: FairnessConfig::default(),
             backpressure: BackpressureConfig::default(),
+            producers: ProducersConfig::default(),
         }
     }
 }
@@ -478,6 +499,9 @@ impl Config {
                 "backpressure.low_watermark_bytes ({}) must be below backpressure.high_watermark_bytes ({}), and retry_after_ms > 0",
                 backpressure.low_watermark_bytes, backpressure.high_watermark_bytes
             ));
+        }
+        if self.producers.forget_idle_after_ms < 100 {
+            return invalid("producers.forget_idle_after_ms must be at least 100".into());
         }
         if raft.snapshot_every_entries == 0 {
             return invalid("raft.snapshot_every_entries must be > 0".into());

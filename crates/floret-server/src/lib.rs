@@ -22,14 +22,15 @@
 //! A node short of room throttles the producers over their fair share
 //! ([`backpressure`]).
 //!
-//! IMPLEMENTATION CAVEATS
-//! - No delayed delivery or idle-producer clean-up yet.
+//! Messages may be delayed (held back at dispatch without blocking others),
+//! and producers that stay idle have their counters forgotten ([`idle`]).
 
 pub mod backpressure;
 pub mod commit;
 pub mod config;
 pub mod delivery_id;
 pub mod dispatcher;
+mod idle;
 mod load_view;
 mod node;
 pub mod policy;

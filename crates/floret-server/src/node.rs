@@ -35,6 +35,7 @@ use crate::backpressure::Backpressure;
 use crate::commit::Committer;
 use crate::config::Config;
 use crate::dispatcher::{self, DispatcherHandle};
+use crate::idle;
 use crate::load_view::LoadView;
 use crate::proposer::{Proposers, ShardProposer};
 use crate::rebalance;
@@ -220,6 +221,11 @@ impl Node {
         if peers.others().next().is_some() {
             watchers.push(rebalance::spawn(shards.clone()));
         }
+        watchers.push(idle::spawn(
+            shards.clone(),
+            proposers,
+            Duration::from_millis(config.producers.forget_idle_after_ms),
+        ));
         tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,

@@ -140,6 +140,7 @@ fn op_bytes(op: &Op) -> usize {
         }
         Op::Remove(messages) => messages.len() * 64,
         Op::SetPolicy(_) => 128,
+        Op::ForgetIdle(idle) => idle.len() * 64,
         Op::Discard(discard) => discard.messages.len() * 96,
         Op::ReplayDeadLetters(selection) | Op::DeleteDeadLetters(selection) => {
             selection.ids.len() * 16

@@ -13,7 +13,9 @@
 //! IMPLEMENTATION CAVEATS
 //! - `apply` does not flush: after a crash openraft re-applies from the last
 //!   applied id up to the committed one it saved in the log store.
-//! - Producer records are kept forever (idle clean-up is not built yet).
+//! - A producer whose idle counters were forgotten starts again at sequence
+//!   0 and its last idempotency sequence is gone: retries are deduplicated
+//!   only within the idle time.
 //! - Replaying dead letters ignores the producer's limits (an operator's act).
 //! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
 //!   flight; their acks then answer "already acked".
@@ -39,7 +41,7 @@ use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{
     Command, CommandReply, DeadLetterReason, DeadLetterSelection, DelayedEnqueue, Discard, Enqueue,
-    LogId, MessageRef, Op, OpReply, SetPolicy, ShardId, StorageError, TypeConfig,
+    IdleProducer, LogId, MessageRef, Op, OpReply, SetPolicy, ShardId, StorageError, TypeConfig,
 };
 
 /// What a shard applied that the node's dispatcher must know.
@@ -197,11 +199,7 @@ impl<'a> PendingApply<'a> {
     ) -> Result<&mut ProducerRecord, StorageError> {
         let key = keys::producer(queue, producer);
         if !self.producers.contains_key(&key) {
-            let record = ShardReader::decode_producer(
-                self.tree()
-                    .get(&key)
-                    .map_err(storage_error::read_state_machine)?,
-            )?;
+            let record = ShardReader::decode_producer(self.get(&key)?)?;
             self.stored_before
                 .insert(key.clone(), (record.bytes, record.messages));
             self.producers.insert(key.clone(), record);
@@ -551,6 +549,27 @@ impl<'a> PendingApply<'a> {
         Ok(OpReply::Removed { count })
     }
 
+    /// Deletes the counters of producers still idle as the leader saw them:
+    /// nothing stored, no override, the same tail.
+    fn forget_idle(&mut self, idle: &[IdleProducer]) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for candidate in idle {
+            let overridden = !self
+                .reader
+                .stored_policy(&candidate.queue, Some(&candidate.producer))
+                .is_empty();
+            let record = self.producer(&candidate.queue, &candidate.producer)?;
+            if overridden || record.messages != 0 || record.tail != candidate.tail {
+                continue;
+            }
+            let key = keys::producer(&candidate.queue, &candidate.producer);
+            self.producers.remove(&key);
+            self.changes.remove(key);
+            count += 1;
+        }
+        Ok(OpReply::Removed { count })
+    }
+
     fn commit(mut self, applied: &AppliedState) -> Result<Vec<AppliedEvent>, StorageError> {
         let mut changed_totals = Vec::with_capacity(self.producers.len());
         for (key, record) in self.producers {
@@ -611,6 +630,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         replies.push(match op {
                             Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
                             Op::EnqueueDelayed(delayed) => pending.enqueue_delayed(delayed)?,
+                            Op::ForgetIdle(idle) => pending.forget_idle(idle)?,
                             Op::Remove(messages) => pending.remove(messages)?,
                             Op::SetPolicy(change) => pending.set_policy(change),
                             Op::Discard(discard) => pending.discard(discard)?,

@@ -60,6 +60,20 @@ pub enum Op {
     DeleteDeadLetters(DeadLetterSelection),
     /// Append messages that are not to be delivered before a time.
     EnqueueDelayed(DelayedEnqueue),
+    /// Delete the counters of producers that have stayed idle.
+    ForgetIdle(Vec<IdleProducer>),
+}
+
+/// A producer seen idle: nothing stored, no policy override, and its tail
+/// unchanged since the leader first saw it so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleProducer {
+    /// Its queue.
+    pub queue: String,
+    /// The producer.
+    pub producer: String,
+    /// Its tail when seen idle: if it produced since, it is kept.
+    pub tail: u64,
 }
 
 /// Messages of one producer, held back until `deliver_at_ms`.

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use floret_store::policy::{Overflow, Policy};
 use floret_store::{
     AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection,
-    DelayedEnqueue, Discard, Discarded, Enqueue, MessageRef, NewMessage, Op, OpReply, SetPolicy,
-    StateMachine, TypeConfig,
+    DelayedEnqueue, Discard, Discarded, Enqueue, IdleProducer, MessageRef, NewMessage, Op, OpReply,
+    SetPolicy, StateMachine, TypeConfig,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
@@ -494,4 +494,68 @@ async fn dropping_a_delayed_message_for_a_limit_drops_its_delivery_time() {
         keys, 4,
         "applied, producer, policy, one message: no stale delay key"
     );
+}
+
+#[tokio::test]
+async fn only_producers_still_idle_without_an_override_are_forgotten() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![
+            enqueue("idle", &["x"]),
+            enqueue("busy", &["x"]),
+            enqueue("overridden", &["x"]),
+            enqueue("backlogged", &["x", "y"]),
+            set_policy(
+                Some("overridden"),
+                Policy {
+                    weight: Some(2),
+                    ..Policy::default()
+                },
+            ),
+        ])
+        .await;
+    let acked = |producer: &str| MessageRef {
+        queue: QUEUE.into(),
+        producer: producer.into(),
+        sequence: 0,
+    };
+    fixture
+        .apply(vec![Op::Remove(vec![
+            acked("idle"),
+            acked("busy"),
+            acked("overridden"),
+            acked("backlogged"),
+        ])])
+        .await;
+    fixture.apply(vec![enqueue("busy", &["again"])]).await;
+    let seen_idle = |producer: &str| IdleProducer {
+        queue: QUEUE.into(),
+        producer: producer.into(),
+        tail: 1,
+    };
+    let reply = fixture
+        .apply(vec![Op::ForgetIdle(vec![
+            seen_idle("idle"),
+            seen_idle("busy"),
+            seen_idle("overridden"),
+            IdleProducer {
+                tail: 2,
+                ..seen_idle("backlogged")
+            },
+        ])])
+        .await;
+    assert_eq!(reply.replies, [OpReply::Removed { count: 1 }]);
+    let reader = fixture.state_machine.reader();
+    assert_eq!(reader.producer(QUEUE, "idle").unwrap(), None);
+    for kept in ["busy", "overridden", "backlogged"] {
+        assert!(reader.producer(QUEUE, kept).unwrap().is_some(), "{kept}");
+    }
+    let reply = fixture.apply(vec![enqueue("idle", &["back"])]).await;
+    assert!(matches!(
+        reply.replies[0],
+        OpReply::Enqueued {
+            first_sequence: 0,
+            ..
+        }
+    ));
 }
