@@ -1,5 +1,8 @@
 //! State-machine apply throughput: what one replica's apply costs per
-//! message, for enqueue batches of several sizes and for acks (removals).
+//! message, for enqueue batches of several sizes and for acks (removals);
+//! and the per-message cost of policies: an enqueue checked against a limit,
+//! one that drops its producer's oldest message, and the policy and
+//! delivery-time lookups the dispatcher makes for every dispatch.
 //!
 //! Each iteration is one `apply` call with one raft entry, through openraft's
 //! trait as a replica runs it, on a fresh data dir in the system temp dir.
@@ -14,8 +17,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use floret_store::policy::{Overflow, Policy};
 use floret_store::{
-    Command, Database, Enqueue, MessageRef, NewMessage, Op, StateMachine, TypeConfig,
+    Command, Database, DelayedEnqueue, Enqueue, MessageRef, NewMessage, Op, SetPolicy,
+    StateMachine, TypeConfig,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
@@ -119,6 +124,94 @@ fn apply_enqueue(c: &mut Criterion) {
     group.finish();
 }
 
+fn set_policy(producer: Option<String>, policy: Policy) -> Op {
+    Op::SetPolicy(SetPolicy {
+        queue: "default".into(),
+        producer,
+        policy,
+        replace: true,
+    })
+}
+
+/// Enqueues of one message under a limit: checked and never reached, and
+/// reached with `drop_oldest` (every enqueue deletes the oldest message).
+fn apply_enqueue_with_limits(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply_enqueue_with_limits");
+    group.throughput(Throughput::Elements(1));
+    let limits = [
+        ("under_limit", u64::MAX, Overflow::Reject),
+        ("drop_oldest_at_limit", 100, Overflow::DropOldest),
+    ];
+    for (name, max_messages, overflow) in limits {
+        let mut replica = Replica::new();
+        replica.apply(vec![set_policy(
+            None,
+            Policy {
+                max_messages: Some(max_messages),
+                overflow: Some(overflow),
+                ..Policy::default()
+            },
+        )]);
+        replica.apply(vec![enqueue("tenant".into(), 100)]);
+        group.bench_function(BenchmarkId::new(name, 1), |b| {
+            b.iter_batched(
+                || vec![enqueue("tenant".into(), 1)],
+                |ops| replica.apply(ops),
+                criterion::BatchSize::SmallInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+/// What the dispatcher asks a shard for every message it dispatches: the
+/// producer's policy in force and whether the message is delayed; on a
+/// shard without policies or delayed messages, and on one with 1,000
+/// producer overrides and 1,000 delayed messages.
+fn dispatch_lookups(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dispatch_lookups");
+    group.throughput(Throughput::Elements(1));
+    let empty = Replica::new();
+    let mut governed = Replica::new();
+    governed.apply(vec![set_policy(
+        None,
+        Policy {
+            max_attempts: Some(5),
+            ..Policy::default()
+        },
+    )]);
+    governed.apply(
+        (0..1_000)
+            .map(|producer| {
+                set_policy(
+                    Some(format!("tenant-{producer}")),
+                    Policy {
+                        weight: Some(2),
+                        ..Policy::default()
+                    },
+                )
+            })
+            .collect(),
+    );
+    let Op::Enqueue(delayed) = enqueue("delayed".into(), 1_000) else {
+        unreachable!("enqueue builds an Enqueue")
+    };
+    governed.apply(vec![Op::EnqueueDelayed(DelayedEnqueue {
+        enqueue: delayed,
+        deliver_at_ms: 1_800_000_000_000,
+    })]);
+    for (name, replica) in [("no_policies", &empty), ("1000_overrides", &governed)] {
+        let reader = replica.state_machine.reader();
+        group.bench_function(BenchmarkId::new("policy", name), |b| {
+            b.iter(|| reader.policy("default", std::hint::black_box("tenant-7")));
+        });
+        group.bench_function(BenchmarkId::new("deliver_at", name), |b| {
+            b.iter(|| reader.deliver_at("default", std::hint::black_box("tenant-7"), 3));
+        });
+    }
+    group.finish();
+}
+
 fn apply_ack(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply_ack");
     let mut replica = Replica::new();
@@ -147,5 +240,11 @@ fn apply_ack(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply_enqueue, apply_ack);
+criterion_group!(
+    benches,
+    apply_enqueue,
+    apply_ack,
+    apply_enqueue_with_limits,
+    dispatch_lookups
+);
 criterion_main!(benches);
