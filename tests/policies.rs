@@ -619,3 +619,67 @@ async fn idle_producer_without_an_override_is_forgotten_and_may_come_back() {
     let delivery = next_delivery(&mut consumer).await;
     assert_eq!(payload(&delivery), "back");
 }
+
+/// Runs the `floret` CLI against `node` and returns its stdout; panics with
+/// its stderr if it fails.
+fn floret_cli(node: &FloretProcess, args: &[&str]) -> String {
+    let output = std::process::Command::new(harness::floret_binary())
+        .args(args)
+        .args(["--addr", &node.address, "--queue", QUEUE])
+        .output()
+        .expect("run floret");
+    assert!(
+        output.status.success(),
+        "floret {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_and_dead_letters_are_managed_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let set = floret_cli(
+        &node,
+        &[
+            "policy",
+            "set",
+            "--producer",
+            "p",
+            "--max-messages",
+            "1",
+            "--overflow",
+            "dead-letter-oldest",
+        ],
+    );
+    assert!(set.contains(r#""overflow":"dead_letter_oldest""#), "{set}");
+    let got = floret_cli(&node, &["policy", "get", "--producer", "p"]);
+    let got: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(got["effective"]["max_messages"], 1);
+    assert_eq!(got["effective"]["weight"], 1);
+    produce(&node.client(), "p", &["first", "second", "third"])
+        .await
+        .unwrap();
+    let listed = floret_cli(&node, &["dead-letters", "list"]);
+    let lines: Vec<serde_json::Value> = listed
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{listed}");
+    assert_eq!(lines[0]["payload"], "first");
+    assert_eq!(lines[0]["reason"], "overflow");
+    let id = lines[0]["id"].as_str().unwrap();
+    floret_cli(&node, &["policy", "set", "--producer", "p", "--replace"]);
+    let replayed = floret_cli(&node, &["dead-letters", "replay", "--ids", id]);
+    assert!(replayed.contains(r#""replayed":1"#), "{replayed}");
+    let deleted = floret_cli(&node, &["dead-letters", "delete", "--all"]);
+    assert!(deleted.contains(r#""deleted":1"#), "{deleted}");
+    let mut consumer = node.client().consume(QUEUE, 10).await.unwrap();
+    let delivered: Vec<String> = consume_acking(&mut consumer, 2)
+        .await
+        .iter()
+        .map(payload)
+        .collect();
+    assert_eq!(delivered, ["third", "first"]);
+}

@@ -5,7 +5,9 @@
 //! ("Fairness, two levels"): deficit round robin across the producers that
 //! have deliverable messages, each getting `weight` messages per turn, in
 //! priority tiers (a higher tier first), with an optional limit of leases per
-//! producer; plus the delivery leases that turn a missing ack into a redelivery.
+//! producer; plus the delivery leases that turn a missing ack into a
+//! redelivery, and held messages (delayed ones whose time has not come,
+//! which wait outside the ring without holding anyone back).
 //!
 //! How it fits: the store persists messages and tells the server which
 //! sequences were committed; the server's per-queue dispatcher drives a
