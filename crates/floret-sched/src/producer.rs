@@ -54,8 +54,10 @@ pub(crate) struct ProducerSlot<K> {
     /// Leased messages (sequence -> attempt); deadlines live in the lease heap.
     leases: HashMap<u64, u32>,
     /// Messages held back until their time comes (sequence -> attempt of
-    /// their next delivery); neither ready nor leased.
-    held: HashMap<u64, u32>,
+    /// their next delivery); neither ready nor leased. A B-tree map because
+    /// it is usually empty, and an empty one is half the size of a hash map
+    /// in every slot.
+    held: BTreeMap<u64, u32>,
     /// DRR quantum, granted as credits at the start of each turn.
     pub(crate) weight: u32,
     /// Tier whose ring the producer joins.
@@ -79,7 +81,7 @@ impl<K> ProducerSlot<K> {
             undelivered: Undelivered::new(),
             redeliveries: BTreeMap::new(),
             leases: HashMap::new(),
-            held: HashMap::new(),
+            held: BTreeMap::new(),
             weight: 1,
             priority: 0,
             max_in_flight: u32::MAX,
