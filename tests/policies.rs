@@ -683,3 +683,28 @@ async fn policies_and_dead_letters_are_managed_from_the_cli() {
         .collect();
     assert_eq!(delivered, ["third", "first"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_larger_than_the_limit_by_itself_is_refused_as_invalid_not_as_retry_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = impatient(&node);
+    let limit = Policy {
+        max_messages: Some(2),
+        overflow: Overflow::Reject as i32,
+        ..Policy::default()
+    };
+    set(&client, "small", limit).await;
+    let status = status_of(
+        produce(&client, "small", &["a", "b", "c"])
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("never be stored"),
+        "{}",
+        status.message()
+    );
+    produce(&client, "small", &["a", "b"]).await.unwrap();
+}

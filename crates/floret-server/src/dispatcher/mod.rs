@@ -30,6 +30,9 @@
 //! - TTL and attempts are checked when a message comes up for dispatch: an
 //!   expired message waits on disk until then (no sweeper yet), which needs
 //!   a consumer with credit.
+//! - A delayed message held back costs a timer entry and a map entry in
+//!   memory until its time; a producer with a million delayed messages
+//!   holds a million of each once they come up.
 //! - Consumers of a queue get deliveries from this node only (one node).
 
 mod actor;

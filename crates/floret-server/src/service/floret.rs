@@ -227,6 +227,13 @@ impl v1::floret_server::Floret for FloretService {
                 policy: limits,
             } => {
                 metrics::counter!("floret_produce_rejected_total").increment(1);
+                if limits.exceeded_by(count as u64, 0) {
+                    return Err(Status::invalid_argument(format!(
+                        "a produce of {count} messages is larger than producer {:?}'s limit ({}) by itself and can never be stored; send smaller batches",
+                        request.producer_id,
+                        describe_limits(&limits)
+                    )));
+                }
                 Err(policy::exhausted(
                     format!(
                         "producer {:?} holds {messages} messages ({bytes} bytes) and this produce of {count} would pass its limit ({}); nothing was stored, retry once consumers have drained it",
