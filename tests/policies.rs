@@ -522,7 +522,15 @@ async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_
     let mut consumer = client.consume(QUEUE, 256).await.unwrap();
     let mut quiet_delivered = std::collections::HashSet::new();
     while quiet_delivered.len() < 10 || !flood.is_finished() {
-        let delivery = next_delivery(&mut consumer).await;
+        let Ok(delivery) = tokio::time::timeout(DEADLINE, next_delivery(&mut consumer)).await
+        else {
+            let stats = client.queue_stats(QUEUE).await;
+            panic!(
+                "no delivery for {DEADLINE:?}: {} quiet delivered, flood finished: {}, stats: {stats:?}",
+                quiet_delivered.len(),
+                flood.is_finished()
+            );
+        };
         if delivery.producer_id.starts_with("quiet-") {
             quiet_delivered.insert(delivery.producer_id.clone());
         }

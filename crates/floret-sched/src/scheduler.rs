@@ -112,6 +112,21 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         }
     }
 
+    /// Drops the overrides of the producers `matches` picks (their policy
+    /// source was lost, e.g. their shard moved away); producers holding
+    /// messages go back to the defaults.
+    pub fn forget_overrides(&mut self, matches: impl Fn(&K) -> bool) {
+        let dropped: Vec<K> = self
+            .overrides
+            .keys()
+            .filter(|producer| matches(producer))
+            .cloned()
+            .collect();
+        for producer in dropped {
+            self.set_policy(&producer, None);
+        }
+    }
+
     /// How producers without an override are scheduled from now on.
     /// O(producers holding messages).
     pub fn set_defaults(&mut self, defaults: ProducerPolicy) {

@@ -79,6 +79,15 @@ pub enum AppliedEvent {
         /// No message of the producer below this sequence is stored now.
         below: u64,
     },
+    /// An idle producer's counters were deleted: its sequences start again at 0.
+    Forgotten {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+    },
     /// The shard's whole state was replaced by a snapshot.
     Reset {
         /// Shard whose state changed.
@@ -159,6 +168,9 @@ struct PendingApply<'a> {
     delays_added: HashMap<Vec<u8>, i64>,
     /// Message keys whose delivery time this apply removed.
     delays_removed: Vec<Vec<u8>>,
+    /// Policies this apply stored, in order; the shared table gets them
+    /// once they are written.
+    policies_set: Vec<(String, Option<String>, Policy)>,
     events: Vec<AppliedEvent>,
 }
 
@@ -173,12 +185,32 @@ impl<'a> PendingApply<'a> {
             next_dead_letter: HashMap::new(),
             delays_added: HashMap::new(),
             delays_removed: Vec::new(),
+            policies_set: Vec::new(),
             events: Vec::new(),
         }
     }
 
     fn tree(&self) -> &sled::Tree {
         self.reader.tree()
+    }
+
+    /// The policy stored for `queue` or one producer as this apply leaves it so far.
+    fn stored_policy(&self, queue: &str, producer: Option<&str>) -> Policy {
+        self.policies_set
+            .iter()
+            .rev()
+            .find(|(q, p, _)| q == queue && p.as_deref() == producer)
+            .map(|(_, _, policy)| *policy)
+            .unwrap_or_else(|| self.reader.stored_policy(queue, producer))
+    }
+
+    /// The policy in force for `producer` as this apply leaves it so far.
+    fn policy(&self, queue: &str, producer: &str) -> Policy {
+        if self.policies_set.is_empty() {
+            return self.reader.policy(queue, producer);
+        }
+        self.stored_policy(queue, Some(producer))
+            .over(self.stored_policy(queue, None))
     }
 
     /// The value of `key` as this apply leaves it so far.
@@ -208,7 +240,7 @@ impl<'a> PendingApply<'a> {
     }
 
     fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
-        let policy = self.reader.policy(&enqueue.queue, &enqueue.producer);
+        let policy = self.policy(&enqueue.queue, &enqueue.producer);
         let record = self.producer(&enqueue.queue, &enqueue.producer)?;
         if let (Some(sequence), Some(last)) = (enqueue.producer_sequence, record.last_batch) {
             if sequence == last.producer_sequence {
@@ -251,6 +283,7 @@ impl<'a> PendingApply<'a> {
             return Ok(OpReply::OverLimit {
                 messages: record.messages,
                 bytes: record.bytes,
+                batch_bytes: added_bytes,
                 policy,
             });
         }
@@ -477,7 +510,7 @@ impl<'a> PendingApply<'a> {
         } else {
             change
                 .policy
-                .over(self.reader.stored_policy(&change.queue, producer))
+                .over(self.stored_policy(&change.queue, producer))
         };
         let key = match producer {
             Some(producer) => keys::producer_policy(&change.queue, producer),
@@ -488,7 +521,8 @@ impl<'a> PendingApply<'a> {
         } else {
             self.changes.insert(key, encode(&stored));
         }
-        self.reader.set_policy(&change.queue, producer, stored);
+        self.policies_set
+            .push((change.queue.clone(), change.producer.clone(), stored));
         self.events.push(AppliedEvent::PolicyChanged {
             shard: self.shard,
             queue: change.queue.clone(),
@@ -555,7 +589,6 @@ impl<'a> PendingApply<'a> {
         let mut count = 0;
         for candidate in idle {
             let overridden = !self
-                .reader
                 .stored_policy(&candidate.queue, Some(&candidate.producer))
                 .is_empty();
             let record = self.producer(&candidate.queue, &candidate.producer)?;
@@ -565,6 +598,11 @@ impl<'a> PendingApply<'a> {
             let key = keys::producer(&candidate.queue, &candidate.producer);
             self.producers.remove(&key);
             self.changes.remove(key);
+            self.events.push(AppliedEvent::Forgotten {
+                shard: self.shard,
+                queue: candidate.queue.clone(),
+                producer: candidate.producer.clone(),
+            });
             count += 1;
         }
         Ok(OpReply::Removed { count })
@@ -590,6 +628,9 @@ impl<'a> PendingApply<'a> {
         }
         self.reader
             .delays_changed(self.delays_added, self.delays_removed);
+        for (queue, producer, policy) in self.policies_set {
+            self.reader.set_policy(&queue, producer.as_deref(), policy);
+        }
         Ok(self.events)
     }
 }

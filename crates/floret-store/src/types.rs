@@ -230,6 +230,8 @@ pub enum OpReply {
         messages: u64,
         /// Bytes the producer has stored.
         bytes: u64,
+        /// Bytes the refused messages would have taken.
+        batch_bytes: u64,
         /// The limits in force.
         policy: Policy,
     },

@@ -559,3 +559,52 @@ async fn only_producers_still_idle_without_an_override_are_forgotten() {
         }
     ));
 }
+
+#[tokio::test]
+async fn limit_set_earlier_in_the_same_entry_applies_to_the_enqueue_after_it() {
+    let mut fixture = Fixture::new();
+    let reply = fixture
+        .apply(vec![
+            set_policy(Some("p"), limit(1, Overflow::Reject)),
+            enqueue("p", &["a", "b"]),
+        ])
+        .await;
+    assert!(
+        matches!(reply.replies[1], OpReply::OverLimit { .. }),
+        "{:?}",
+        reply.replies
+    );
+    assert_eq!(
+        fixture
+            .state_machine
+            .reader()
+            .policy(QUEUE, "p")
+            .max_messages,
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn forgetting_an_idle_producer_tells_the_dispatcher() {
+    let mut fixture = Fixture::new();
+    fixture.apply(vec![enqueue("p", &["x"])]).await;
+    fixture
+        .apply(vec![Op::Remove(vec![MessageRef {
+            queue: QUEUE.into(),
+            producer: "p".into(),
+            sequence: 0,
+        }])])
+        .await;
+    fixture
+        .apply(vec![Op::ForgetIdle(vec![IdleProducer {
+            queue: QUEUE.into(),
+            producer: "p".into(),
+            tail: 1,
+        }])])
+        .await;
+    assert!(
+        fixture.events.lock().unwrap().iter().any(
+            |event| matches!(event, AppliedEvent::Forgotten { producer, .. } if producer == "p")
+        )
+    );
+}

@@ -636,3 +636,15 @@ fn forgotten_producer_has_nothing_held_to_release() {
     assert!(!scheduler.unhold(&"a", 0));
     assert_eq!(scheduler.ready_messages(), 0);
 }
+
+#[test]
+fn forgotten_overrides_leave_their_producers_on_the_defaults() {
+    let mut scheduler = scheduler();
+    scheduler.set_policy(&"a", Some(weighted(3)));
+    scheduler.set_policy(&"b", Some(tiered(2)));
+    scheduler.enqueued(&"a", 0..4);
+    scheduler.enqueued(&"b", 0..4);
+    scheduler.forget_overrides(|producer| *producer == "a" || *producer == "b");
+    assert_eq!(scheduler.backlogged_weight(), 2);
+    assert_eq!(order(&mut scheduler, Instant::now(), 4), "abab");
+}

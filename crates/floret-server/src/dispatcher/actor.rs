@@ -27,6 +27,11 @@ use crate::proposer::Proposers;
 mod leadership;
 mod settle;
 
+/// Messages one pump discards (expired, out of attempts) before it stops;
+/// the commit of their discard pumps again. Keeps a discard's raft entry
+/// small when a long outage let a whole backlog expire.
+const DISCARDS_PER_PUMP: usize = 1_000;
+
 /// Commands handled in one go before the loop checks its lease timer again.
 const COMMANDS_PER_TURN: usize = 256;
 
@@ -152,6 +157,23 @@ impl Dispatcher {
                     queue.scheduler.drop_before(&key, below);
                 }
             }
+            DispatcherCommand::Applied(AppliedEvent::Forgotten {
+                shard,
+                queue,
+                producer,
+            }) => {
+                if let Some(queue) = self.queues.get_mut(queue.as_str()) {
+                    let key = ProducerKey {
+                        shard,
+                        producer: producer.into(),
+                    };
+                    queue.scheduler.forget(&key);
+                    queue.holders.retain(|lease, _| lease.producer != key);
+                    for consumer in self.consumers.values_mut() {
+                        consumer.held.retain(|lease| lease.producer != key);
+                    }
+                }
+            }
             DispatcherCommand::Applied(AppliedEvent::Reset { shard }) => {
                 if self.led[shard as usize] {
                     tracing::warn!(
@@ -216,6 +238,13 @@ impl Dispatcher {
                 for id in &ids {
                     self.removal_committed(id, acked);
                 }
+                if !acked {
+                    let queues: HashSet<Arc<str>> =
+                        ids.iter().map(|id| id.queue.as_str().into()).collect();
+                    for queue in queues {
+                        self.pump(&queue);
+                    }
+                }
             }
             DispatcherCommand::ConsumerGone { consumer } => self.remove_consumer(consumer),
             DispatcherCommand::Activity {
@@ -243,6 +272,7 @@ impl Dispatcher {
         };
         let now = Instant::now();
         let mut discards: BTreeMap<ShardId, Vec<(DeliveryId, Discarded)>> = BTreeMap::new();
+        let mut discarding = 0;
         loop {
             let consumers = &self.consumers;
             let Some(consumer_id) =
@@ -300,6 +330,10 @@ impl Dispatcher {
             let policy = reader.policy(queue_name, &key.producer);
             if let Some(discarded) = discard_instead(&policy, &id, &message, now_ms) {
                 discards.entry(key.shard).or_default().push((id, discarded));
+                discarding += 1;
+                if discarding >= DISCARDS_PER_PUMP {
+                    break;
+                }
                 continue;
             }
             let lease = LeaseKey {

@@ -224,10 +224,11 @@ impl v1::floret_server::Floret for FloretService {
             OpReply::OverLimit {
                 messages,
                 bytes,
+                batch_bytes,
                 policy: limits,
             } => {
                 metrics::counter!("floret_produce_rejected_total").increment(1);
-                if limits.exceeded_by(count as u64, 0) {
+                if limits.exceeded_by(count as u64, batch_bytes) {
                     return Err(Status::invalid_argument(format!(
                         "a produce of {count} messages is larger than producer {:?}'s limit ({}) by itself and can never be stored; send smaller batches",
                         request.producer_id,

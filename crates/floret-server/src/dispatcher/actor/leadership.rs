@@ -63,7 +63,9 @@ impl Dispatcher {
         }
     }
 
-    /// Drops everything of a shard this node no longer leads.
+    /// Drops everything of a shard this node no longer leads, its
+    /// producers' policy overrides included (a rebuild reads them again, as
+    /// they are then).
     pub(super) fn forget_shard(&mut self, shard: ShardId) {
         let Some(reader) = self.readers[shard as usize].clone() else {
             return;
@@ -81,6 +83,9 @@ impl Dispatcher {
             queue
                 .holders
                 .retain(|lease, _| lease.producer.shard != shard);
+            queue
+                .scheduler
+                .forget_overrides(|producer| producer.shard == shard);
         }
         for consumer in self.consumers.values_mut() {
             consumer.held.retain(|lease| lease.producer.shard != shard);
