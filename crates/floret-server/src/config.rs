@@ -464,6 +464,16 @@ impl Config {
                 "limits.max_payload_bytes must be > 0 and below limits.max_request_bytes".into(),
             );
         }
+        let largest_entry = self
+            .limits
+            .max_request_bytes
+            .saturating_add(self.batching.max_entry_bytes);
+        if largest_entry > floret_store::wal::MAX_FRAME_BYTES / 2 {
+            return invalid(format!(
+                "limits.max_request_bytes plus batching.max_entry_bytes must stay under {} bytes (a raft entry must fit a log frame with room to spare)",
+                floret_store::wal::MAX_FRAME_BYTES / 2
+            ));
+        }
         if self.limits.max_batch_messages == 0 || self.limits.max_credits == 0 {
             return invalid("limits.max_batch_messages and limits.max_credits must be > 0".into());
         }
@@ -635,6 +645,14 @@ mod tests {
         let error = config.validate().unwrap_err();
         assert!(error.to_string().contains("node_id 4"), "{error}");
         assert!(parse_peers("1:127.0.0.1:7701").is_err());
+    }
+
+    #[test]
+    fn entries_too_large_for_a_log_frame_are_refused() {
+        let mut config = Config::default();
+        config.limits.max_request_bytes = 40 * 1024 * 1024;
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("max_request_bytes"), "{error}");
     }
 
     #[test]

@@ -17,15 +17,17 @@
 //! shard has purged them. Memory holds one location per live entry, never
 //! an entry itself.
 //!
-//! Recovery reads every segment in order. A frame cut short, or the very
-//! last frame of the last segment failing its checksum, is a torn write: it
-//! is cut off. Any other bad frame is corruption, and opening fails rather
+//! Recovery reads every segment in order. A frame cut short (unless it
+//! claims more than [`MAX_FRAME_BYTES`]), or the very last frame of the last
+//! segment failing its checksum, is a torn write: it is cut off. Any other bad frame is corruption, and opening fails rather
 //! than serve a log with a hole. A write or sync that fails while running
 //! stops the log for good (see `WalState::failed`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
 //! - One entry is one frame; a 1 MiB message is one 1 MiB write.
+//! - A damaged length that still fits under [`MAX_FRAME_BYTES`] and runs
+//!   past the end of the last segment looks like a torn write and is cut.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -45,6 +47,11 @@ use crate::types::{LogId, NodeId, ShardId};
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Frame header: length and checksum.
 const FRAME_HEADER: usize = 8;
+/// No frame is larger: a raft entry is bounded well below it by the node's
+/// request and batching limits (see floret-server's config). A frame that
+/// claims more, running past the end of the log, is a damaged length, not a
+/// torn write.
+pub const MAX_FRAME_BYTES: usize = SEGMENT_BYTES as usize;
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Record {
@@ -498,7 +505,10 @@ fn replay_segment(
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
         let Some(body) = bytes.get(offset + FRAME_HEADER..offset + FRAME_HEADER + len) else {
-            return corrupt(format!("frame of {len} bytes cut short"), true);
+            return corrupt(
+                format!("frame of {len} bytes cut short"),
+                len <= MAX_FRAME_BYTES,
+            );
         };
         // Only the very last frame can be a torn write; a bad frame with
         // frames after it is damage, and cutting there would drop synced data.
@@ -650,6 +660,24 @@ mod tests {
         let error = Wal::open(dir.path())
             .err()
             .expect("synced entries after the damage must not be dropped");
+        assert!(error.to_string().contains("is corrupt"), "{error}");
+    }
+
+    #[test]
+    fn length_damaged_past_any_frame_size_is_corruption_not_a_torn_write() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let wal = Wal::open(dir.path()).unwrap();
+            append(&wal, 0, 1..4);
+            wal.sync().unwrap();
+        }
+        let active = segment_path(dir.path(), 1);
+        let mut bytes = fs::read(&active).unwrap();
+        bytes[3] ^= 0x04;
+        fs::write(&active, bytes).unwrap();
+        let error = Wal::open(dir.path())
+            .err()
+            .expect("a frame claiming 64 MiB more must not be cut as torn");
         assert!(error.to_string().contains("is corrupt"), "{error}");
     }
 
