@@ -127,6 +127,11 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         }
     }
 
+    /// How producers without an override are scheduled.
+    pub fn defaults(&self) -> ProducerPolicy {
+        self.defaults
+    }
+
     /// How producers without an override are scheduled from now on.
     /// O(producers holding messages).
     pub fn set_defaults(&mut self, defaults: ProducerPolicy) {

@@ -401,7 +401,10 @@ impl Dispatcher {
     }
 
     /// A queue's defaults or a producer's override changed in `shard`: the
-    /// scheduler takes the producers' new weights, tiers and limits.
+    /// scheduler takes the producers' new weights, tiers and limits. A
+    /// queue-wide change arrives once from every shard; each time only that
+    /// shard's overrides are resolved again (against its own, now updated,
+    /// defaults), and the defaults are set once.
     fn policy_changed(&mut self, shard: ShardId, queue: &Arc<str>, producer: Option<&str>) {
         let Some(reader) = self.readers[shard as usize].clone() else {
             return;
@@ -409,12 +412,11 @@ impl Dispatcher {
         match producer {
             None => {
                 let defaults = policy::scheduling(reader.stored_policy(queue, None));
-                self.queue(queue).scheduler.set_defaults(defaults);
-                let led: Vec<ShardId> = (0..self.led.len())
-                    .filter(|&shard| self.led[shard])
-                    .map(|shard| shard as ShardId)
-                    .collect();
-                for shard in led {
+                let scheduler = &mut self.queue(queue).scheduler;
+                if scheduler.defaults() != defaults {
+                    scheduler.set_defaults(defaults);
+                }
+                if self.led[shard as usize] {
                     self.apply_overrides(shard, queue);
                 }
             }
