@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use floret_cluster::Shards;
+use floret_proto::v1;
 use floret_store::ShardReader;
 use tonic::Status;
 
@@ -45,15 +46,16 @@ impl Backpressure {
         }
     }
 
-    /// Refuses a produce of `incoming` bytes from `producer` (of `weight`)
-    /// when the node is throttling and the producer already holds its share.
+    /// Refuses a produce of `messages` from `producer` (of `weight`) when
+    /// the node is throttling and the producer already holds its share. Off
+    /// the watermark it costs a sum of the shards' counters, nothing per message.
     pub fn admit(
         &self,
         reader: &ShardReader,
         queue: &str,
         producer: &str,
         weight: u32,
-        incoming: u64,
+        messages: &[v1::Message],
     ) -> Result<(), Status> {
         let (stored, producers) = self
             .shards
@@ -86,6 +88,7 @@ impl Backpressure {
             .producer(queue, producer)
             .map_err(|error| Status::unavailable(format!("cannot read the producer: {error}")))?
             .map_or(0, |record| record.bytes);
+        let incoming: u64 = messages.iter().map(stored_size_estimate).sum();
         if held + incoming <= share {
             return Ok(());
         }
@@ -98,4 +101,14 @@ impl Backpressure {
             Duration::from_millis(self.config.retry_after_ms),
         ))
     }
+}
+
+/// About the bytes a message takes once stored (payload, headers, timestamp).
+fn stored_size_estimate(message: &v1::Message) -> u64 {
+    let headers: usize = message
+        .headers
+        .iter()
+        .map(|(key, value)| key.len() + value.len() + 2)
+        .sum();
+    (message.payload.len() + headers + 12) as u64
 }

@@ -26,18 +26,6 @@ pub fn from_wire(policy: Option<v1::Policy>) -> Result<Policy, Status> {
     let Some(policy) = policy else {
         return Ok(Policy::default());
     };
-    let positive_u32 = |name: &str, value: Option<u32>| match value {
-        Some(0) => Err(Status::invalid_argument(format!(
-            "{name} must be at least 1 (leave it unset to inherit)"
-        ))),
-        other => Ok(other),
-    };
-    let positive_u64 = |name: &str, value: Option<u64>| match value {
-        Some(0) => Err(Status::invalid_argument(format!(
-            "{name} must be at least 1 (leave it unset to inherit)"
-        ))),
-        other => Ok(other),
-    };
     let overflow = match v1::Overflow::try_from(policy.overflow) {
         Ok(v1::Overflow::Unset) => None,
         Ok(v1::Overflow::Reject) => Some(Overflow::Reject),
@@ -62,17 +50,30 @@ pub fn from_wire(policy: Option<v1::Policy>) -> Result<Policy, Status> {
         }
     };
     Ok(Policy {
-        weight: positive_u32("weight", policy.weight)?,
+        weight: at_least_one("weight", policy.weight)?,
         priority: policy.priority,
-        max_messages: positive_u64("max_messages", policy.max_messages)?,
-        max_bytes: positive_u64("max_bytes", policy.max_bytes)?,
+        max_messages: at_least_one("max_messages", policy.max_messages)?,
+        max_bytes: at_least_one("max_bytes", policy.max_bytes)?,
         overflow,
-        ttl_ms: positive_u64("ttl_ms", policy.ttl_ms)?,
+        ttl_ms: at_least_one("ttl_ms", policy.ttl_ms)?,
         expiry,
-        max_attempts: positive_u32("max_attempts", policy.max_attempts)?,
-        max_in_flight: positive_u32("max_in_flight", policy.max_in_flight)?,
-        produce_rate: positive_u32("produce_rate", policy.produce_rate)?,
+        max_attempts: at_least_one("max_attempts", policy.max_attempts)?,
+        max_in_flight: at_least_one("max_in_flight", policy.max_in_flight)?,
+        produce_rate: at_least_one("produce_rate", policy.produce_rate)?,
     })
+}
+
+/// A setting that must be at least 1 when it is set.
+fn at_least_one<T: PartialEq + From<u8>>(
+    name: &str,
+    value: Option<T>,
+) -> Result<Option<T>, Status> {
+    if value.as_ref() == Some(&T::from(0)) {
+        return Err(Status::invalid_argument(format!(
+            "{name} must be at least 1 (leave it unset to inherit)"
+        )));
+    }
+    Ok(value)
 }
 
 /// A policy on the wire.
@@ -142,7 +143,8 @@ pub struct RateLimiter {
 
 #[derive(Default)]
 struct Buckets {
-    buckets: HashMap<(String, String), Bucket>,
+    /// By queue, then producer, so a known producer is found without allocating.
+    buckets: HashMap<String, HashMap<String, Bucket>>,
     checks: u32,
 }
 
@@ -169,17 +171,25 @@ impl RateLimiter {
         state.checks += 1;
         if state.checks >= CHECKS_PER_SWEEP {
             state.checks = 0;
-            state
-                .buckets
-                .retain(|_, bucket| now.duration_since(bucket.refilled) < IDLE_BUCKET);
-        }
-        let bucket = state
-            .buckets
-            .entry((queue.to_owned(), producer.to_owned()))
-            .or_insert(Bucket {
-                tokens: rate,
-                refilled: now,
+            state.buckets.retain(|_, producers| {
+                producers.retain(|_, bucket| now.duration_since(bucket.refilled) < IDLE_BUCKET);
+                !producers.is_empty()
             });
+        }
+        if !state.buckets.contains_key(queue) {
+            state.buckets.insert(queue.to_owned(), HashMap::new());
+        }
+        let producers = state.buckets.get_mut(queue).expect("inserted above");
+        if !producers.contains_key(producer) {
+            producers.insert(
+                producer.to_owned(),
+                Bucket {
+                    tokens: rate,
+                    refilled: now,
+                },
+            );
+        }
+        let bucket = producers.get_mut(producer).expect("inserted above");
         let elapsed = now.duration_since(bucket.refilled).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
         bucket.refilled = now;

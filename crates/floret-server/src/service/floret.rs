@@ -72,16 +72,6 @@ impl FloretService {
 /// time consumers take to make room.
 const OVER_LIMIT_RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// About the bytes a message takes once stored (payload, headers, timestamp).
-fn stored_size_estimate(message: &v1::Message) -> usize {
-    let headers: usize = message
-        .headers
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 2)
-        .sum();
-    message.payload.len() + headers + 12
-}
-
 /// "max_messages 10, max_bytes 4096" for the limits a policy sets.
 fn describe_limits(policy: &floret_store::policy::Policy) -> String {
     let mut limits = Vec::new();
@@ -158,17 +148,12 @@ impl v1::floret_server::Floret for FloretService {
         };
         if let Some(group) = self.shards.group(shard) {
             let policy = group.reader.policy(&queue, &producer);
-            let incoming: u64 = request
-                .messages
-                .iter()
-                .map(|m| stored_size_estimate(m) as u64)
-                .sum();
             self.backpressure.admit(
                 &group.reader,
                 &queue,
                 &producer,
                 policy.weight.unwrap_or(1),
-                incoming,
+                &request.messages,
             )?;
             if let Some(rate) = policy.produce_rate
                 && let Err(wait) = self.rates.take(
