@@ -4,7 +4,7 @@
 
 use floret_client::{Client, DeadLetter};
 
-use crate::DEFAULT_ADDRESS;
+use crate::QueueTarget;
 
 /// Dead letters handled per call when working through all of them.
 const PAGE: u32 = 1_000;
@@ -20,7 +20,7 @@ enum DeadLetterCommand {
     /// Print dead letters, oldest first, one JSON line each.
     List {
         #[command(flatten)]
-        target: Target,
+        target: QueueTarget,
         /// Most to print.
         #[arg(long, default_value_t = 100)]
         limit: u32,
@@ -32,19 +32,9 @@ enum DeadLetterCommand {
 }
 
 #[derive(clap::Args)]
-struct Target {
-    /// Node to ask.
-    #[arg(long, default_value = DEFAULT_ADDRESS)]
-    addr: String,
-    /// The queue.
-    #[arg(long, default_value = "default")]
-    queue: String,
-}
-
-#[derive(clap::Args)]
 struct Selection {
     #[command(flatten)]
-    target: Target,
+    target: QueueTarget,
     /// Dead-letter ids as listed (`<shard>:<id>`).
     #[arg(long, value_delimiter = ',', required_unless_present = "all")]
     ids: Vec<String>,

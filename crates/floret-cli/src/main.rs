@@ -22,6 +22,17 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Default address of a local node.
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7701";
 
+/// The node and queue an admin command works on.
+#[derive(clap::Args)]
+struct QueueTarget {
+    /// Node to ask.
+    #[arg(long, default_value = DEFAULT_ADDRESS)]
+    addr: String,
+    /// The queue.
+    #[arg(long, default_value = "default")]
+    queue: String,
+}
+
 #[derive(Parser)]
 #[command(
     name = "floret",

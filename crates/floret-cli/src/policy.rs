@@ -3,7 +3,7 @@
 
 use floret_client::{Client, Expiry, Overflow, Policy};
 
-use crate::DEFAULT_ADDRESS;
+use crate::QueueTarget;
 
 #[derive(clap::Args)]
 pub struct PolicyArgs {
@@ -21,12 +21,8 @@ enum PolicyCommand {
 
 #[derive(clap::Args)]
 struct Target {
-    /// Node to ask.
-    #[arg(long, default_value = DEFAULT_ADDRESS)]
-    addr: String,
-    /// The queue.
-    #[arg(long, default_value = "default")]
-    queue: String,
+    #[command(flatten)]
+    queue: QueueTarget,
     /// A producer of the queue (omit for the queue's defaults).
     #[arg(long, default_value = "")]
     producer: String,
@@ -87,7 +83,7 @@ enum ExpiryArg {
 pub async fn run(args: PolicyArgs) -> anyhow::Result<()> {
     match args.command {
         PolicyCommand::Set(set) => {
-            let client = Client::connect_lazy(&set.target.addr)?;
+            let client = Client::connect_lazy(&set.target.queue.addr)?;
             let policy = Policy {
                 weight: set.weight,
                 priority: set.priority,
@@ -108,13 +104,20 @@ pub async fn run(args: PolicyArgs) -> anyhow::Result<()> {
                 produce_rate: set.produce_rate,
             };
             let stored = client
-                .set_policy(&set.target.queue, &set.target.producer, policy, set.replace)
+                .set_policy(
+                    &set.target.queue.queue,
+                    &set.target.producer,
+                    policy,
+                    set.replace,
+                )
                 .await?;
             println!("{}", serde_json::json!({ "stored": policy_json(&stored) }));
         }
         PolicyCommand::Get(target) => {
-            let client = Client::connect_lazy(&target.addr)?;
-            let answer = client.get_policy(&target.queue, &target.producer).await?;
+            let client = Client::connect_lazy(&target.queue.addr)?;
+            let answer = client
+                .get_policy(&target.queue.queue, &target.producer)
+                .await?;
             let json = |policy: &Option<Policy>| policy.as_ref().map(policy_json);
             println!(
                 "{}",

@@ -303,14 +303,9 @@ impl Client {
         queue: &str,
         ids: Vec<String>,
     ) -> Result<u64, ClientError> {
-        let request = v1::DeadLetterIds {
-            queue: queue.to_owned(),
-            ids,
-        };
-        Ok(self
-            .admin
-            .clone()
-            .replay_dead_letters(request)
+        let mut admin = self.admin.clone();
+        Ok(admin
+            .replay_dead_letters(dead_letter_ids(queue, ids))
             .await?
             .into_inner()
             .count)
@@ -322,14 +317,9 @@ impl Client {
         queue: &str,
         ids: Vec<String>,
     ) -> Result<u64, ClientError> {
-        let request = v1::DeadLetterIds {
-            queue: queue.to_owned(),
-            ids,
-        };
-        Ok(self
-            .admin
-            .clone()
-            .delete_dead_letters(request)
+        let mut admin = self.admin.clone();
+        Ok(admin
+            .delete_dead_letters(dead_letter_ids(queue, ids))
             .await?
             .into_inner()
             .count)
@@ -345,6 +335,14 @@ impl Client {
             local_only,
         };
         Ok(self.admin.clone().queue_stats(request).await?.into_inner())
+    }
+}
+
+/// Dead letters of `queue` named by their listed ids.
+fn dead_letter_ids(queue: &str, ids: Vec<String>) -> v1::DeadLetterIds {
+    v1::DeadLetterIds {
+        queue: queue.to_owned(),
+        ids,
     }
 }
 

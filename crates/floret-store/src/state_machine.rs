@@ -20,7 +20,7 @@
 //! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
 //!   flight; their acks then answer "already acked".
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Cursor;
 use std::ops::Range;
 use std::path::Path;
@@ -531,18 +531,32 @@ impl<'a> PendingApply<'a> {
         OpReply::PolicySet { policy: stored }
     }
 
+    /// The dead letters `selection` names that exist, each once, in id
+    /// order, with its key and decoded record.
+    fn selected_dead_letters(
+        &self,
+        selection: &DeadLetterSelection,
+    ) -> Result<Vec<(Vec<u8>, DeadLetterRecord)>, StorageError> {
+        let ids: BTreeSet<u64> = selection.ids.iter().copied().collect();
+        let mut found = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = keys::dead_letter(&selection.queue, id);
+            if let Some(value) = self.get(&key)? {
+                let record =
+                    decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
+                found.push((key, record));
+            }
+        }
+        Ok(found)
+    }
+
     fn replay_dead_letters(
         &mut self,
         selection: &DeadLetterSelection,
     ) -> Result<OpReply, StorageError> {
-        let mut count = 0;
-        for &id in &selection.ids {
-            let key = keys::dead_letter(&selection.queue, id);
-            let Some(value) = self.get(&key)? else {
-                continue;
-            };
-            let dead: DeadLetterRecord =
-                decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
+        let dead_letters = self.selected_dead_letters(selection)?;
+        let count = dead_letters.len() as u64;
+        for (key, dead) in dead_letters {
             let mut message: StoredMessage =
                 decode("message", &dead.message).map_err(storage_error::read_state_machine)?;
             message.enqueued_at_ms = selection.at_ms;
@@ -563,7 +577,6 @@ impl<'a> PendingApply<'a> {
                 producer: dead.producer,
                 sequences: sequence..sequence + 1,
             });
-            count += 1;
         }
         Ok(OpReply::Replayed { count })
     }
@@ -572,13 +585,10 @@ impl<'a> PendingApply<'a> {
         &mut self,
         selection: &DeadLetterSelection,
     ) -> Result<OpReply, StorageError> {
-        let mut count = 0;
-        for &id in &selection.ids {
-            let key = keys::dead_letter(&selection.queue, id);
-            if self.get(&key)?.is_some() {
-                self.changes.remove(key);
-                count += 1;
-            }
+        let dead_letters = self.selected_dead_letters(selection)?;
+        let count = dead_letters.len() as u64;
+        for (key, _) in dead_letters {
+            self.changes.remove(key);
         }
         Ok(OpReply::Removed { count })
     }

@@ -608,3 +608,27 @@ async fn forgetting_an_idle_producer_tells_the_dispatcher() {
         )
     );
 }
+
+#[tokio::test]
+async fn dead_letter_named_twice_in_one_replay_is_replayed_once() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(
+            Some("p"),
+            limit(1, Overflow::DeadLetterOldest),
+        )])
+        .await;
+    fixture.apply(vec![enqueue("p", &["old", "new"])]).await;
+    fixture
+        .apply(vec![set_policy(Some("p"), limit(10, Overflow::Reject))])
+        .await;
+    let reply = fixture
+        .apply(vec![Op::ReplayDeadLetters(DeadLetterSelection {
+            queue: QUEUE.into(),
+            ids: vec![0, 0],
+            at_ms: 2_000,
+        })])
+        .await;
+    assert_eq!(reply.replies, [OpReply::Replayed { count: 1 }]);
+    assert_eq!(fixture.payloads("p"), ["new", "old"]);
+}
