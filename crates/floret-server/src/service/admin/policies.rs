@@ -11,7 +11,8 @@
 //! - A queue-wide change that some shards could not commit is reported as
 //!   UNAVAILABLE; the shards that did commit keep it (setting it again is harmless).
 //! - Reading a policy from a follower replica may lag a change by a heartbeat.
-//! - Listing skips shards whose leader does not answer.
+//! - Listing fails (UNAVAILABLE) when a node this one believes leads a shard
+//!   does not answer; a dead node that leads nothing any more is skipped.
 
 use std::collections::BTreeMap;
 
@@ -144,8 +145,21 @@ impl AdminService {
                     }
                 })
                 .await;
-            for answer in answers.into_values().flatten() {
-                found.extend(answer.dead_letters);
+            let shard_count = self.shards.placement().shard_count();
+            for (node, answer) in answers {
+                match answer {
+                    Ok(answer) => found.extend(answer.dead_letters),
+                    Err(why) => {
+                        let led: Vec<ShardId> = (0..shard_count)
+                            .filter(|&shard| self.shards.route(shard) == node)
+                            .collect();
+                        if !led.is_empty() {
+                            return Err(Status::unavailable(format!(
+                                "node {node}, which leads shards {led:?}, did not answer ({why}); their dead letters would be missing, retry"
+                            )));
+                        }
+                    }
+                }
             }
             found.sort_by(|a, b| {
                 (a.dead_lettered_at_unix_ms, &a.id).cmp(&(b.dead_lettered_at_unix_ms, &b.id))
