@@ -206,6 +206,11 @@ async fn ttl_expired_message_is_never_delivered() {
         dead.len() == 3 && dead.iter().all(|d| d.reason == "ttl" && d.attempts == 0)
     })
     .await;
+    // The last ack's removal may still be committing: wait for it.
+    eventually(DEADLINE, "an empty backlog", || async {
+        client.queue_stats(QUEUE).await.unwrap().queues[0].backlog_messages == 0
+    })
+    .await;
     let stats = client.queue_stats(QUEUE).await.unwrap();
     assert_eq!(stats.queues[0].backlog_messages, 0, "{stats:?}");
 }
