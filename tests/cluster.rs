@@ -462,6 +462,59 @@ async fn produce_acknowledged_without_a_majority() {
     drain_through(cluster.address(3), &expected).await;
 }
 
+/// Appends reach a node on long-lived streams from its peers; a stopping
+/// node must end them itself instead of waiting out its drain timeout for
+/// the peers to close them, and the survivors must carry on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_waits_for_peers_to_close_their_streams() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    for i in 0..4u64 {
+        produce_into(
+            cluster.client(1),
+            format!("tenant-{i}"),
+            5,
+            5,
+            Duration::ZERO,
+            acknowledged.clone(),
+            never.clone(),
+        )
+        .await
+        .expect("produce with every node up");
+    }
+
+    let exit = tokio::task::block_in_place(|| cluster.terminate(3, Duration::from_secs(30)));
+    let log = cluster.log(3);
+    assert!(
+        exit.is_some_and(|status| status.success()),
+        "node 3 did not stop cleanly ({exit:?}); its log:\n{log}"
+    );
+    assert!(
+        log.contains("node stopped") && !log.contains("drain timeout"),
+        "node 3 waited out its drain timeout; its log:\n{log}"
+    );
+
+    for i in 0..4u64 {
+        produce_into(
+            cluster.client(1),
+            format!("after-{i}"),
+            5,
+            5,
+            Duration::ZERO,
+            acknowledged.clone(),
+            never.clone(),
+        )
+        .await
+        .expect("produce with two of three nodes up");
+    }
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    assert_eq!(expected.len(), 200);
+    drain_through(cluster.address(2), &expected).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_with_wiped_data_dir_stays_behind() {
     let _one = one_cluster_at_a_time().await;

@@ -231,6 +231,19 @@ impl Cluster {
         }
     }
 
+    /// SIGTERM of node `id`; waits up to `deadline` for it to exit and
+    /// returns how it exited (None: it was not running or did not exit).
+    pub fn terminate(&mut self, id: u64, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let mut node = self.nodes[id as usize - 1].take()?;
+        node.terminate();
+        node.wait_exit(deadline)
+    }
+
+    /// Node `id`'s log (its stderr).
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.data_dir(id).with_extension("log")).unwrap_or_default()
+    }
+
     /// Starts node `id` again (on whatever its data dir holds) and waits until it serves.
     pub fn restart(&mut self, id: u64) {
         self.kill(id);

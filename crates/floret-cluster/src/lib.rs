@@ -15,12 +15,14 @@
 //! - Leadership rebalancing is driven by each preferred replica asking for
 //!   its shards back (the view only vetoes dead or suspected nodes).
 
+mod append_stream;
 mod gossip;
 mod network;
 mod peers;
 mod placement;
 mod shards;
 
+pub use append_stream::batched;
 pub use gossip::{
     DEAD_AFTER_ROUNDS, Gossip, GossipConfig, GossipError, Liveness, NodeReport, NodeView,
     QueueLoad, SUSPECT_AFTER_ROUNDS, Traffic, View,

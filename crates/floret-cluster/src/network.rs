@@ -1,5 +1,7 @@
 //! The raft network between nodes: openraft's RPCs carried by the
 //! `floret.peer.v1.Peer` service, one channel per peer shared by every shard.
+//! Appends and heartbeats, nearly all the traffic, share one stream per peer
+//! ([`crate::append_stream`]); votes and snapshot chunks are unary calls.
 //!
 //! A request names its shard and carries the openraft request encoded with
 //! postcard; the answer carries openraft's `Result`, so a remote raft error
@@ -17,7 +19,8 @@
 //! [`encode`] and [`decode`] are shared with the serving side.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Heartbeats are not merged across shards: each group sends its own.
+//! - Each group still sends its own heartbeats; the stream only carries
+//!   them together.
 
 use std::sync::Arc;
 
@@ -88,7 +91,6 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 #[derive(Debug, Clone, Copy)]
 enum RaftRpc {
     Vote,
-    AppendEntries,
     InstallSnapshot,
 }
 
@@ -121,7 +123,6 @@ impl PeerLink {
         let call = async {
             match rpc {
                 RaftRpc::Vote => client.vote(message).await,
-                RaftRpc::AppendEntries => client.append_entries(message).await,
                 RaftRpc::InstallSnapshot => client.install_snapshot(message).await,
             }
         };
@@ -134,7 +135,23 @@ impl PeerLink {
                 return Err(self.unreachable(format!("no answer within {:?}", option.hard_ttl())));
             }
         };
-        match decode::<Result<Resp, RaftError<NodeId, E>>>(&answer.payload) {
+        self.result(&answer.payload)
+    }
+
+    /// openraft's result, as the peer encoded it.
+    #[expect(
+        clippy::result_large_err,
+        reason = "RaftNetwork's methods return openraft's RPCError as it is"
+    )]
+    fn result<Resp, E>(
+        &self,
+        payload: &[u8],
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        match decode::<Result<Resp, RaftError<NodeId, E>>>(payload) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
             Err(error) => Err(self.unreachable(format!("undecodable answer: {error}"))),
@@ -156,7 +173,14 @@ impl RaftNetwork<TypeConfig> for PeerLink {
                 PayloadTooLarge::new_entries_hint(fitting as u64),
             ));
         }
-        self.call(RaftRpc::AppendEntries, payload, &option).await
+        let Some(stream) = self.peers.append_stream(self.target) else {
+            return Err(self.unreachable("not a member".into()));
+        };
+        let answer = stream
+            .call(self.shard, payload, option.hard_ttl())
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        self.result(&answer)
     }
 
     async fn install_snapshot(

@@ -1,6 +1,8 @@
 //! The cluster's members and one lazily connected gRPC channel to each
 //! other node, shared by the raft traffic of every shard and by the
-//! node-to-node calls of the server (forwarded produces, settles, consumes).
+//! node-to-node calls of the server (forwarded produces, settles, consumes),
+//! and on it one [`AppendStream`] to each other node for every shard's
+//! append-entries calls.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Members come from static configuration; no runtime membership changes.
@@ -12,6 +14,8 @@ use std::time::Duration;
 use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_store::NodeId;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::append_stream::AppendStream;
 
 /// Largest node-to-node message: a snapshot chunk or a batch of appended
 /// entries, whose size openraft bounds (see `RaftTuning`).
@@ -46,6 +50,7 @@ pub struct Peers {
     node_id: NodeId,
     addresses: BTreeMap<NodeId, String>,
     channels: BTreeMap<NodeId, Channel>,
+    append_streams: BTreeMap<NodeId, AppendStream>,
 }
 
 impl Peers {
@@ -78,10 +83,15 @@ impl Peers {
                 .connect_lazy();
             channels.insert(node, channel);
         }
+        let append_streams = channels
+            .iter()
+            .map(|(&node, channel)| (node, AppendStream::new(node, peer_client(channel.clone()))))
+            .collect();
         Ok(Self {
             node_id,
             addresses: members,
             channels,
+            append_streams,
         })
     }
 
@@ -112,10 +122,17 @@ impl Peers {
 
     /// A `Peer` service client of another member.
     pub fn peer_client(&self, node: NodeId) -> Option<PeerClient<Channel>> {
-        self.channel(node).map(|channel| {
-            PeerClient::new(channel)
-                .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
-        })
+        self.channel(node).map(peer_client)
     }
+
+    /// The stream carrying every shard's append-entries calls to another member.
+    pub(crate) fn append_stream(&self, node: NodeId) -> Option<&AppendStream> {
+        self.append_streams.get(&node)
+    }
+}
+
+fn peer_client(channel: Channel) -> PeerClient<Channel> {
+    PeerClient::new(channel)
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
 }

@@ -25,7 +25,7 @@ use floret_proto::v1::floret_server::FloretServer;
 use floret_sched::SchedulerConfig;
 use floret_store::{Database, OpenError};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
@@ -95,7 +95,8 @@ pub struct Node {
     shards: Arc<Shards>,
     database: Database,
     health: HealthReporter,
-    stop_server: oneshot::Sender<()>,
+    /// Set to true when the node stops: the server drains, peer streams end.
+    stopping: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     watchers: Vec<JoinHandle<()>>,
     load_view: Option<LoadView>,
@@ -183,11 +184,13 @@ impl Node {
             Backpressure::new(config.backpressure.clone(), shards.clone()),
         ))
         .max_decoding_message_size(config.limits.max_request_bytes);
+        let (stopping, stopped) = watch::channel(false);
         let peer = PeerServer::new(PeerService::new(
             shards.clone(),
             settler,
             proposers.clone(),
             dispatcher.clone(),
+            stopped.clone(),
         ))
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
@@ -198,7 +201,6 @@ impl Node {
             address.to_string(),
             view,
         ));
-        let (stop_server, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
@@ -208,8 +210,9 @@ impl Node {
                 .add_service(floret)
                 .add_service(admin)
                 .add_service(peer)
-                .serve_with_incoming_shutdown(incoming(listener), async {
-                    let _ = stopped.await;
+                .serve_with_incoming_shutdown(incoming(listener), async move {
+                    let mut stopped = stopped;
+                    let _sender_gone = stopped.wait_for(|stopping| *stopping).await;
                 }),
         );
         let bootstrapping = shards.clone();
@@ -232,7 +235,7 @@ impl Node {
             shards,
             database,
             health,
-            stop_server,
+            stopping,
             server,
             watchers,
             load_view,
@@ -292,7 +295,7 @@ impl Node {
         self.health
             .set_service_status("", ServingStatus::NotServing)
             .await;
-        let _already_stopped = self.stop_server.send(());
+        self.stopping.send_replace(true);
         let server_abort = self.server.abort_handle();
         match tokio::time::timeout(DRAIN_TIMEOUT, self.server).await {
             Ok(Ok(_)) => {}

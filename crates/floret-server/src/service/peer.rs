@@ -1,5 +1,7 @@
 //! The `floret.peer.v1.Peer` service: what the other nodes of the cluster
-//! ask of this one. Raft RPCs for the shards it holds, which shards it has
+//! ask of this one. Raft RPCs for the shards it holds (appends of every
+//! shard arrive on one stream per peer, each handled as its own task and
+//! answered as soon as it is done), which shards it has
 //! initialised (for bootstrap), settles of deliveries whose leases are here,
 //! operations to commit in shards it leads (see [`crate::commit`]), and the hand-back of a shard's leadership to its preferred replica.
 //!
@@ -17,14 +19,19 @@
 //! IMPLEMENTATION CAVEATS
 //! - Callers are trusted: no authentication between nodes yet.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Shards, decode, encode};
+use floret_cluster::{Shards, batched, decode, encode};
+use floret_proto::peer::v1::raft_answer::Outcome;
 use floret_proto::peer::v1::{self, peer_server::Peer};
 use floret_store::{NodeId, ShardId, TypeConfig};
+use futures::{Stream, StreamExt};
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest, VoteResponse};
+use tokio::sync::{mpsc, watch};
+use tonic::Streaming;
 use tonic::{Request, Response, Status};
 
 use crate::dispatcher::{DispatcherHandle, SettleKind};
@@ -40,6 +47,9 @@ pub struct PeerService {
     settler: Settler,
     proposers: Proposers,
     dispatcher: DispatcherHandle,
+    /// Becomes true when the node stops: open append streams end then, so
+    /// the server's drain does not wait for peers to close them.
+    stopping: watch::Receiver<bool>,
 }
 
 impl PeerService {
@@ -49,12 +59,14 @@ impl PeerService {
         settler: Settler,
         proposers: Proposers,
         dispatcher: DispatcherHandle,
+        stopping: watch::Receiver<bool>,
     ) -> Self {
         Self {
             shards,
             settler,
             proposers,
             dispatcher,
+            stopping,
         }
     }
 
@@ -77,6 +89,30 @@ impl PeerService {
             wait_ms: 0,
             reason,
         })
+    }
+}
+
+/// Hands one append-entries call to its shard's group.
+async fn append(shards: &Shards, shard: ShardId, payload: &[u8]) -> Outcome {
+    let Some(group) = shards.group(shard) else {
+        return Outcome::Refused(format!(
+            "node {} holds no replica of shard {shard}",
+            shards.node_id()
+        ));
+    };
+    let request: AppendEntriesRequest<TypeConfig> = match decode(payload) {
+        Ok(request) => request,
+        Err(error) => return Outcome::Refused(format!("undecodable raft message: {error}")),
+    };
+    let result: Result<_, RaftError<NodeId>> = group.raft.clone().append_entries(request).await;
+    Outcome::Payload(encode(&result))
+}
+
+fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
+    match &answer.outcome {
+        Some(Outcome::Payload(payload)) => payload.len(),
+        Some(Outcome::Refused(why)) => why.len(),
+        None => 0,
     }
 }
 
@@ -131,18 +167,39 @@ impl Peer for PeerService {
         .await
     }
 
-    async fn append_entries(
+    type AppendEntriesStreamStream =
+        Pin<Box<dyn Stream<Item = Result<v1::RaftAnswers, Status>> + Send>>;
+
+    async fn append_entries_stream(
         &self,
-        request: Request<v1::RaftMessage>,
-    ) -> Result<Response<v1::RaftMessage>, Status> {
-        self.relay(
-            request,
-            |raft, append: AppendEntriesRequest<TypeConfig>| async move {
-                let result: Result<_, RaftError<NodeId>> = raft.append_entries(append).await;
-                result
-            },
-        )
-        .await
+        request: Request<Streaming<v1::RaftCalls>>,
+    ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let mut calls = request.into_inner();
+        let (answers, ready) = mpsc::unbounded_channel();
+        let shards = self.shards.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(batch)) = calls.message().await {
+                for call in batch.calls {
+                    let answers = answers.clone();
+                    let shards = shards.clone();
+                    tokio::spawn(async move {
+                        let outcome = append(&shards, call.shard_id, &call.payload).await;
+                        let _caller_gone = answers.send(v1::RaftAnswer {
+                            call_id: call.call_id,
+                            outcome: Some(outcome),
+                        });
+                    });
+                }
+            }
+        });
+        let answers = batched(ready, answer_bytes, |answers| {
+            Ok(v1::RaftAnswers { answers })
+        });
+        let mut stopping = self.stopping.clone();
+        let stopped = async move {
+            let _node_gone = stopping.wait_for(|stopping| *stopping).await;
+        };
+        Ok(Response::new(Box::pin(answers.take_until(stopped))))
     }
 
     async fn install_snapshot(
