@@ -462,6 +462,42 @@ async fn produce_acknowledged_without_a_majority() {
     drain_through(cluster.address(3), &expected).await;
 }
 
+/// A produce's answer names its shard's leader, also through a node that
+/// forwarded it, so a client can send that producer's next produces there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_answer_names_a_node_that_does_not_lead_the_shard() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    cluster.wait_for_preferred_leaders(1).await;
+    let placement = ShardPlacement::new(SHARDS.parse().unwrap());
+    let producer = (0..)
+        .map(|i| format!("tenant-{i}"))
+        .find(|p| placement.shard_of("default", p) == 0)
+        .expect("some producer lands on shard 0");
+    let leader = cluster.leader_of(0, 1).await;
+    let follower = leader % 3 + 1;
+
+    let through_follower = cluster
+        .client(follower)
+        .produce("default", &producer, vec![message(&producer, 0)])
+        .await
+        .expect("produce through a follower");
+    assert_eq!(through_follower.leader_address, cluster.address(leader));
+
+    let every_node = Client::connect_lazy(&cluster.addresses()).unwrap();
+    let mut routed = every_node.producer("default", &producer);
+    for counter in 1..=3 {
+        let answer = routed
+            .send(vec![message(&producer, counter)])
+            .await
+            .expect("produce through any node");
+        assert_eq!(answer.leader_address, cluster.address(leader));
+    }
+    let expected: HashSet<_> = (0..=3).map(|c| (producer.clone(), c)).collect();
+    drain_through(cluster.address(follower), &expected).await;
+}
+
 /// Appends reach a node on long-lived streams from its peers; a stopping
 /// node must end them itself instead of waiting out its drain timeout for
 /// the peers to close them, and the survivors must carry on without it.

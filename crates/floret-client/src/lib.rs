@@ -13,21 +13,25 @@
 //! Any node of a cluster takes any call (it forwards to shard leaders), so a
 //! client may be given several nodes' addresses: calls are spread over the
 //! ones that answer, and a produce that hit a node as it died is retried on
-//! another.
+//! another. Given several nodes, the client sends a producer's produces
+//! straight to its shard's leader once an answer has named it
+//! (the `routes` module), saving the cluster the forwarding hop.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No routing to shard leaders in the client: a produce through a
-//!   non-leader costs one more hop inside the cluster.
 //! - A consume stream is bound to one node; when that node dies the stream
 //!   ends and the caller opens a new one.
 
 mod consumer;
 mod retry;
+mod routes;
 
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_proto::v1;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::routes::{Routes, host_port};
 
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
@@ -67,6 +71,7 @@ pub struct Client {
     floret: v1::floret_client::FloretClient<Channel>,
     admin: v1::admin_client::AdminClient<Channel>,
     retry: RetryPolicy,
+    routes: Arc<Routes>,
 }
 
 impl Client {
@@ -74,27 +79,43 @@ impl Client {
     /// `http://host:port`), or for several nodes separated by commas. Must
     /// be called inside a tokio runtime when several are given.
     pub fn connect_lazy(address: &str) -> Result<Self, ClientError> {
-        let endpoints = address
+        let nodes: Vec<&str> = address
             .split(',')
             .map(str::trim)
             .filter(|part| !part.is_empty())
-            .map(endpoint)
+            .collect();
+        let endpoints = nodes
+            .iter()
+            .map(|node| endpoint(node))
             .collect::<Result<Vec<_>, _>>()?;
-        let channel = match endpoints.as_slice() {
+        let (channel, routes) = match endpoints.as_slice() {
             [] => {
                 return Err(ClientError::InvalidAddress {
                     address: address.to_owned(),
                     reason: "no address given".into(),
                 });
             }
-            [one] => one.connect_lazy(),
-            _ => Channel::balance_list(endpoints.into_iter()),
+            [one] => (one.connect_lazy(), Routes::new(Vec::new())),
+            _ => {
+                let each_node = nodes
+                    .iter()
+                    .zip(&endpoints)
+                    .map(|(node, endpoint)| {
+                        let client = floret_client(endpoint.connect_lazy());
+                        (host_port(node).to_owned(), client)
+                    })
+                    .collect();
+                (
+                    Channel::balance_list(endpoints.into_iter()),
+                    Routes::new(each_node),
+                )
+            }
         };
         Ok(Self {
-            floret: v1::floret_client::FloretClient::new(channel.clone())
-                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            floret: floret_client(channel.clone()),
             admin: v1::admin_client::AdminClient::new(channel),
             retry: RetryPolicy::default(),
+            routes: Arc::new(routes),
         })
     }
 
@@ -165,8 +186,25 @@ impl Client {
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            match self.floret.clone().produce(request.clone()).await {
-                Ok(response) => return Ok(response.into_inner()),
+            let routed = self.routes.leader(&request.queue, &request.producer_id);
+            let mut node = routed.clone().unwrap_or_else(|| self.floret.clone());
+            let result = node.produce(request.clone()).await;
+            if let Err(status) = &result
+                && routed.is_some()
+            {
+                tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
+                self.routes.forget(&request.queue, &request.producer_id);
+            }
+            match result {
+                Ok(response) => {
+                    let response = response.into_inner();
+                    self.routes.learn(
+                        &request.queue,
+                        &request.producer_id,
+                        &response.leader_address,
+                    );
+                    return Ok(response);
+                }
                 Err(status)
                     if retry_on(&status) && started.elapsed() < self.retry.give_up_after =>
                 {
@@ -344,6 +382,10 @@ fn dead_letter_ids(queue: &str, ids: Vec<String>) -> v1::DeadLetterIds {
         queue: queue.to_owned(),
         ids,
     }
+}
+
+fn floret_client(channel: Channel) -> v1::floret_client::FloretClient<Channel> {
+    v1::floret_client::FloretClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES)
 }
 
 /// The endpoint of one node, connecting with a timeout and Nagle off.

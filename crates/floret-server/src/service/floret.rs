@@ -14,8 +14,9 @@
 //! any of them it fails RESOURCE_EXHAUSTED with a retry-after hint.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - A forwarded produce costs one more network round trip; clients do not
-//!   route to leaders themselves yet.
+//! - A forwarded produce costs one more network round trip. Its answer
+//!   names the leader (`leader_address`), so a client given that node's
+//!   address sends the producer's next produces there directly.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -201,6 +202,12 @@ impl v1::floret_server::Floret for FloretService {
             } => Ok(Response::new(v1::ProduceResponse {
                 sequences: (first_sequence..first_sequence + count).collect(),
                 duplicate,
+                leader_address: self
+                    .shards
+                    .peers()
+                    .address(self.shards.node_id())
+                    .unwrap_or_default()
+                    .to_owned(),
             })),
             OpReply::StaleProducerSequence { last } => Err(Status::failed_precondition(format!(
                 "producer_sequence {} is older than the last one applied for this producer ({last}); its sequences are no longer known",
