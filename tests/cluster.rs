@@ -157,6 +157,31 @@ async fn produce_into(
     Ok(())
 }
 
+/// Sends 5 batches of 5 messages for each of 4 producers `{prefix}-<i>`
+/// through `client`, one producer after another; panics naming `nodes_up`
+/// if one is not acknowledged.
+async fn produce_five_batches_each(
+    client: &Client,
+    prefix: &str,
+    acknowledged: &Arc<Mutex<Vec<(String, u64)>>>,
+    nodes_up: &str,
+) {
+    let never = Arc::new(AtomicBool::new(false));
+    for i in 0..4u64 {
+        produce_into(
+            client.clone(),
+            format!("{prefix}-{i}"),
+            5,
+            5,
+            Duration::ZERO,
+            acknowledged.clone(),
+            never.clone(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("produce with {nodes_up}: {e}"));
+    }
+}
+
 /// Sends `batches` batches of `per_batch` messages for each of `count`
 /// producers `tenant-<i>` at once, producer i through `client_of(i)`;
 /// returns what was acknowledged (all of it, or the test fails).
@@ -403,20 +428,7 @@ async fn produce_acknowledged_without_a_majority() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
     let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let never = Arc::new(AtomicBool::new(false));
-    for i in 0..4u64 {
-        produce_into(
-            cluster.client(1),
-            format!("tenant-{i}"),
-            5,
-            5,
-            Duration::ZERO,
-            acknowledged.clone(),
-            never.clone(),
-        )
-        .await
-        .expect("produce with every node up");
-    }
+    produce_five_batches_each(&cluster.client(1), "tenant", &acknowledged, "every node up").await;
 
     cluster.kill(2);
     cluster.kill(3);
@@ -507,20 +519,7 @@ async fn graceful_stop_waits_for_peers_to_close_their_streams() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
     let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let never = Arc::new(AtomicBool::new(false));
-    for i in 0..4u64 {
-        produce_into(
-            cluster.client(1),
-            format!("tenant-{i}"),
-            5,
-            5,
-            Duration::ZERO,
-            acknowledged.clone(),
-            never.clone(),
-        )
-        .await
-        .expect("produce with every node up");
-    }
+    produce_five_batches_each(&cluster.client(1), "tenant", &acknowledged, "every node up").await;
 
     let exit = tokio::task::block_in_place(|| cluster.terminate(3, Duration::from_secs(30)));
     let log = cluster.log(3);
@@ -533,19 +532,13 @@ async fn graceful_stop_waits_for_peers_to_close_their_streams() {
         "node 3 waited out its drain timeout; its log:\n{log}"
     );
 
-    for i in 0..4u64 {
-        produce_into(
-            cluster.client(1),
-            format!("after-{i}"),
-            5,
-            5,
-            Duration::ZERO,
-            acknowledged.clone(),
-            never.clone(),
-        )
-        .await
-        .expect("produce with two of three nodes up");
-    }
+    produce_five_batches_each(
+        &cluster.client(1),
+        "after",
+        &acknowledged,
+        "two of three nodes up",
+    )
+    .await;
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     assert_eq!(expected.len(), 200);
     drain_through(cluster.address(2), &expected).await;
