@@ -167,7 +167,7 @@ impl Cluster {
     /// Starts `size` nodes (ids 1..=size) under `root`, all at once, and
     /// waits until every one serves.
     pub fn start(root: &Path, size: usize, extra_args: &[&str]) -> Self {
-        let ports = free_ports(size);
+        let ports = floret_chaos::ports::free_loopback_ports(size).expect("free loopback ports");
         let mut cluster = Self {
             root: root.to_path_buf(),
             ports,
@@ -294,17 +294,6 @@ impl Cluster {
         }
         panic!("shard {shard} has no reachable leader after {START_DEADLINE:?}");
     }
-}
-
-/// Ports the OS just gave out and took back: free unless someone races us.
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("bound").port())
-        .collect()
 }
 
 /// Runs `floret serve` expecting it to fail at start; returns its stderr.

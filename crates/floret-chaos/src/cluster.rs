@@ -64,12 +64,12 @@ impl Cluster {
         std::fs::create_dir_all(&spec.root)?;
         std::fs::write(spec.root.join("floret.toml"), &spec.config)?;
         let mut nodes = BTreeMap::new();
-        for id in 1..=spec.size {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let ports = crate::ports::free_loopback_ports(spec.size as usize)?;
+        for (id, port) in (1..=spec.size).zip(ports) {
             nodes.insert(
                 id,
                 Node {
-                    address: listener.local_addr()?,
+                    address: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
                     child: None,
                     paused: false,
                 },

@@ -5,7 +5,8 @@
 //! unexpected, corrupted and out-of-order messages in the history after a
 //! full drain ([`checker`]). [`run`] ties one schedule's run together; the
 //! `floret-chaos` binary runs many as a soak, and `tests/chaos.rs` runs a
-//! short round of each in `cargo test`.
+//! short round of each in `cargo test`. [`ports`] picks loopback ports
+//! for nodes started as processes, here and in the other cluster tests.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Three nodes on loopback only; clock faults and disk-full are not injected.
@@ -13,6 +14,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod ports;
 pub mod proxy;
 pub mod run;
 pub mod schedule;
