@@ -191,6 +191,8 @@ impl Client {
             let result = node.produce(request.clone()).await;
             if let Err(status) = &result
                 && routed.is_some()
+                && is_retryable(status)
+                && !is_throttled(status)
             {
                 tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
                 self.routes.forget(&request.queue, &request.producer_id);

@@ -5,8 +5,10 @@
 //! Only the nodes the client was given are used: an address a node
 //! advertises to its peers may not be reachable from the client. A route
 //! is a hint. A node that no longer leads the shard forwards the call and
-//! its answer names the new leader, and a call that fails drops the route,
-//! so the next one goes through the balanced channel over every node.
+//! its answer names the new leader. A call to it that fails in transport or
+//! finds the shard without a leader (UNAVAILABLE and the like, not a
+//! throttle or a refusal of the request) drops the route, so the next one
+//! goes through the balanced channel over every node.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - At most [`MAX_ROUTES`] producers are remembered; past that the table

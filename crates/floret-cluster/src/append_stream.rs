@@ -11,12 +11,19 @@
 //!
 //! The stream is opened by the first call and again by the first call after
 //! it broke. A break fails every call waiting on it; openraft takes that as
-//! the peer being unreachable and retries.
+//! the peer being unreachable and retries. A call whose caller gave up (it
+//! timed out, or openraft dropped it) is emptied where it waits in the
+//! queue: it is not sent, and its payload is freed at once, so a slow peer
+//! that makes openraft retry does not pile up copies of its appends.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A call that times out leaves the stream open. A connection that hangs
 //!   without closing is noticed by HTTP/2 keep-alive, as for unary calls on
 //!   the same channel.
+//! - Messages on one stream arrive in order: a large append (up to 4 MiB
+//!   while a follower catches up) delays the calls sent after it by its
+//!   transfer time (about 30 ms at 1 Gbit/s), far below the election
+//!   timeout. Batches are kept small so that only such an append does.
 //! - Votes and snapshot chunks still travel as unary calls: they are rare.
 
 use std::collections::HashMap;
@@ -28,20 +35,20 @@ use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::peer::v1::raft_answer::Outcome;
 use floret_proto::peer::v1::{RaftCall, RaftCalls};
 use floret_store::{NodeId, ShardId};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
 /// A batch stops taking more messages once it holds this many payload bytes
 /// (so it is at most this plus one message).
-const BATCH_TARGET_BYTES: usize = 4 * 1024 * 1024;
+const BATCH_TARGET_BYTES: usize = 256 * 1024;
 
 /// The stream of the messages `queued` yields, those already waiting when
 /// one is taken sent along with it as one batch built by `wrap`.
 ///
-/// The queue is unbounded: what goes in is bounded by its producers (openraft
-/// keeps one append in flight per shard and peer; a node answers only what
-/// it was asked).
+/// The queue is unbounded: what goes in is bounded by its producers. openraft
+/// keeps one append in flight per shard and peer, and a call it gives up on
+/// is emptied in the queue; a node answers only what it was asked.
 pub fn batched<T, B>(
     mut queued: mpsc::UnboundedReceiver<T>,
     payload_bytes: fn(&T) -> usize,
@@ -75,10 +82,30 @@ struct Waiting {
     answers: HashMap<u64, oneshot::Sender<Outcome>>,
 }
 
+/// A call waiting in the queue to be sent; emptied by the stream when it
+/// sends it, or by its caller when the caller gives up.
+type QueuedCall = Arc<Mutex<Option<RaftCall>>>;
+
 /// One opened stream: where calls are queued and who waits for answers.
 struct Link {
-    calls: mpsc::UnboundedSender<RaftCall>,
+    calls: mpsc::UnboundedSender<QueuedCall>,
     waiting: Arc<Mutex<Waiting>>,
+}
+
+/// Held by a caller while it waits: when it is dropped (answered, timed
+/// out, or the caller's future dropped) the call leaves the queue and the
+/// waiting list, whichever still holds it.
+struct PendingCall {
+    call_id: u64,
+    queued: QueuedCall,
+    waiting: Arc<Mutex<Waiting>>,
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.waiting).answers.remove(&self.call_id);
+    }
 }
 
 fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {
@@ -130,38 +157,44 @@ impl AppendStream {
             shard_id: shard,
             payload,
         };
-        let waiting = self.send(call, answer)?;
+        let _pending = self.send(call, answer)?;
         match tokio::time::timeout(timeout, answered).await {
             Ok(Ok(Outcome::Payload(payload))) => Ok(payload),
             Ok(Ok(Outcome::Refused(why))) => Err(why),
             Ok(Err(_)) => Err("the append stream broke".into()),
-            Err(_) => {
-                lock(&waiting).answers.remove(&call_id);
-                Err(format!("no answer within {timeout:?}"))
-            }
+            Err(_) => Err(format!("no answer within {timeout:?}")),
         }
     }
 
     /// Queues `call` on the open stream, opening one if there is none or it
-    /// broke, and returns who waits on that stream.
+    /// broke. Whether the stream broke is checked, and the caller added to
+    /// its waiting list, under one lock, so a stream that ends meanwhile
+    /// fails the call at once.
     fn send(
         &self,
         call: RaftCall,
         answer: oneshot::Sender<Outcome>,
-    ) -> Result<Arc<Mutex<Waiting>>, String> {
+    ) -> Result<PendingCall, String> {
         let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
         if link.as_ref().is_none_or(|open| lock(&open.waiting).broken) {
             *link = Some(self.open());
         }
         let open = link.as_ref().expect("a link was just opened");
         let mut waiting = lock(&open.waiting);
-        let call_id = call.call_id;
-        waiting.answers.insert(call_id, answer);
-        if open.calls.send(call).is_err() {
-            waiting.answers.remove(&call_id);
+        if waiting.broken {
             return Err("the append stream broke".into());
         }
-        Ok(open.waiting.clone())
+        let call_id = call.call_id;
+        let queued = Arc::new(Mutex::new(Some(call)));
+        if open.calls.send(queued.clone()).is_err() {
+            return Err("the append stream broke".into());
+        }
+        waiting.answers.insert(call_id, answer);
+        Ok(PendingCall {
+            call_id,
+            queued,
+            waiting: open.waiting.clone(),
+        })
     }
 
     fn open(&self) -> Link {
@@ -177,19 +210,33 @@ impl AppendStream {
     }
 }
 
+fn queued_bytes(queued: &QueuedCall) -> usize {
+    queued
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map_or(0, |call| call.payload.len())
+}
+
+/// The calls still wanted, taken out of their queue slots.
+fn take_calls(queued: Vec<QueuedCall>) -> RaftCalls {
+    let calls = queued
+        .iter()
+        .filter_map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take())
+        .collect();
+    RaftCalls { calls }
+}
+
 /// Runs one stream: sends the queued calls, hands each answer to its caller,
 /// and when the stream ends fails whoever still waits.
 async fn carry(
     target: NodeId,
     mut client: PeerClient<Channel>,
-    queued: mpsc::UnboundedReceiver<RaftCall>,
+    queued: mpsc::UnboundedReceiver<QueuedCall>,
     waiting: Arc<Mutex<Waiting>>,
 ) {
-    let outgoing = batched(
-        queued,
-        |call| call.payload.len(),
-        |calls| RaftCalls { calls },
-    );
+    let outgoing = batched(queued, queued_bytes, take_calls)
+        .filter(|batch| std::future::ready(!batch.calls.is_empty()));
     let why = match client.append_entries_stream(outgoing).await {
         Err(status) => status.to_string(),
         Ok(response) => {
@@ -216,4 +263,54 @@ async fn carry(
     let mut waiting = lock(&waiting);
     waiting.broken = true;
     waiting.answers.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued_call(call_id: u64, bytes: usize) -> QueuedCall {
+        Arc::new(Mutex::new(Some(RaftCall {
+            call_id,
+            shard_id: 1,
+            payload: vec![0; bytes],
+        })))
+    }
+
+    #[test]
+    fn call_given_up_is_still_sent_and_kept_waiting() {
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let (answer, _answered) = oneshot::channel();
+        lock(&waiting).answers.insert(7, answer);
+        let given_up = queued_call(7, 4096);
+        let wanted = queued_call(8, 16);
+        drop(PendingCall {
+            call_id: 7,
+            queued: given_up.clone(),
+            waiting: waiting.clone(),
+        });
+        assert!(lock(&waiting).answers.is_empty());
+        assert_eq!(queued_bytes(&given_up), 0, "its payload is still held");
+        let sent: Vec<u64> = take_calls(vec![given_up, wanted])
+            .calls
+            .iter()
+            .map(|call| call.call_id)
+            .collect();
+        assert_eq!(sent, [8]);
+    }
+
+    #[tokio::test]
+    async fn calls_queued_together_cost_a_message_each() {
+        let (queue, queued) = mpsc::unbounded_channel::<Vec<u8>>();
+        for bytes in [10, 20, BATCH_TARGET_BYTES, 5] {
+            queue.send(vec![0; bytes]).unwrap();
+        }
+        drop(queue);
+        let batches: Vec<Vec<usize>> = batched(queued, Vec::len, |batch| {
+            batch.iter().map(Vec::len).collect()
+        })
+        .collect()
+        .await;
+        assert_eq!(batches, [vec![10, 20, BATCH_TARGET_BYTES], vec![5]]);
+    }
 }

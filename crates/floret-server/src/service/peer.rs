@@ -177,8 +177,18 @@ impl Peer for PeerService {
         let mut calls = request.into_inner();
         let (answers, ready) = mpsc::unbounded_channel();
         let shards = self.shards.clone();
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
-            while let Ok(Some(batch)) = calls.message().await {
+            let node_stops = stopping.wait_for(|stopping| *stopping);
+            tokio::pin!(node_stops);
+            loop {
+                let batch = tokio::select! {
+                    _ = &mut node_stops => break,
+                    batch = calls.message() => match batch {
+                        Ok(Some(batch)) => batch,
+                        Ok(None) | Err(_) => break,
+                    },
+                };
                 for call in batch.calls {
                     let answers = answers.clone();
                     let shards = shards.clone();
