@@ -314,22 +314,26 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
     }
 
     /// The producer's messages are gone (e.g. its shard moved away): its slot,
-    /// ring entry and leases are dropped. Its weight override stays.
-    pub fn forget(&mut self, producer: &K) {
+    /// ring entry and leases are dropped. Its weight override stays. Returns
+    /// how many leases it held, so a caller that mirrors leases elsewhere
+    /// knows whether there is anything of this producer to drop there.
+    pub fn forget(&mut self, producer: &K) -> u64 {
         let Some(id) = self.slots.id_of(producer) else {
-            return;
+            return 0;
         };
         let Some(slot) = self.slots.remove(id) else {
-            return;
+            return 0;
         };
+        let leased = slot.in_flight();
         if slot.in_ring
             && let Some(ring) = self.tiers.get_mut(&slot.priority)
         {
             ring.forget(slot.weight);
         }
         self.ready -= slot.ready();
-        self.in_flight -= slot.in_flight();
+        self.in_flight -= leased;
         self.discard_stale_leases();
+        leased
     }
 
     /// Per-producer numbers for stats; `None` when the producer holds nothing.

@@ -648,3 +648,18 @@ fn forgotten_overrides_leave_their_producers_on_the_defaults() {
     assert_eq!(scheduler.backlogged_weight(), 2);
     assert_eq!(order(&mut scheduler, Instant::now(), 4), "abab");
 }
+
+#[test]
+fn forgetting_a_producer_hides_the_leases_it_held() {
+    let mut scheduler = scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a", 1..4);
+    scheduler.enqueued(&"b", 1..2);
+    scheduler.next(now);
+    scheduler.next(now);
+    assert_eq!(scheduler.forget(&"b"), 1);
+    assert_eq!(scheduler.forget(&"b"), 0);
+    assert_eq!(scheduler.forget(&"nobody"), 0);
+    scheduler.next(now);
+    assert_eq!(scheduler.forget(&"a"), 2);
+}

@@ -167,10 +167,14 @@ impl Dispatcher {
                         shard,
                         producer: producer.into(),
                     };
-                    queue.scheduler.forget(&key);
-                    queue.holders.retain(|lease, _| lease.producer != key);
-                    for consumer in self.consumers.values_mut() {
-                        consumer.held.retain(|lease| lease.producer != key);
+                    // A sweep forgets many producers, each with nothing
+                    // stored, so almost never with a lease: only then are
+                    // the holders and every consumer's leases walked.
+                    if queue.scheduler.forget(&key) > 0 {
+                        queue.holders.retain(|lease, _| lease.producer != key);
+                        for consumer in self.consumers.values_mut() {
+                            consumer.held.retain(|lease| lease.producer != key);
+                        }
                     }
                 }
             }
