@@ -71,7 +71,8 @@ pub struct Client {
     floret: v1::floret_client::FloretClient<Channel>,
     admin: v1::admin_client::AdminClient<Channel>,
     retry: RetryPolicy,
-    routes: Arc<Routes>,
+    /// Leaders of producers, when the client was given several nodes.
+    routes: Option<Arc<Routes>>,
 }
 
 impl Client {
@@ -95,7 +96,7 @@ impl Client {
                     reason: "no address given".into(),
                 });
             }
-            [one] => (one.connect_lazy(), Routes::new(Vec::new())),
+            [one] => (one.connect_lazy(), None),
             _ => {
                 let each_node = nodes
                     .iter()
@@ -107,7 +108,7 @@ impl Client {
                     .collect();
                 (
                     Channel::balance_list(endpoints.into_iter()),
-                    Routes::new(each_node),
+                    Some(Arc::new(Routes::new(each_node))),
                 )
             }
         };
@@ -115,7 +116,7 @@ impl Client {
             floret: floret_client(channel.clone()),
             admin: v1::admin_client::AdminClient::new(channel),
             retry: RetryPolicy::default(),
-            routes: Arc::new(routes),
+            routes,
         })
     }
 
@@ -186,27 +187,27 @@ impl Client {
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            let routed = self.routes.leader(&request.queue, &request.producer_id);
-            let mut node = routed.clone().unwrap_or_else(|| self.floret.clone());
+            let routes = self.routes.as_deref();
+            let routed = routes.and_then(|r| r.leader(&request.queue, &request.producer_id));
+            let was_routed = routed.is_some();
+            let mut node = routed.unwrap_or_else(|| self.floret.clone());
             let result = node.produce(request.clone()).await;
-            if let Err(status) = &result
-                && routed.is_some()
-                && is_retryable(status)
-                && !is_throttled(status)
-            {
-                tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
-                self.routes.forget(&request.queue, &request.producer_id);
-            }
-            match result {
-                Ok(response) => {
-                    let response = response.into_inner();
-                    self.routes.learn(
+            if let Some(routes) = routes {
+                match &result {
+                    Ok(response) => routes.learn(
                         &request.queue,
                         &request.producer_id,
-                        &response.leader_address,
-                    );
-                    return Ok(response);
+                        &response.get_ref().leader_address,
+                    ),
+                    Err(status) if was_routed && is_retryable(status) && !is_throttled(status) => {
+                        tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
+                        routes.forget(&request.queue, &request.producer_id);
+                    }
+                    Err(_) => {}
                 }
+            }
+            match result {
+                Ok(response) => return Ok(response.into_inner()),
                 Err(status)
                     if retry_on(&status) && started.elapsed() < self.retry.give_up_after =>
                 {
