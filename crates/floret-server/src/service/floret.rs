@@ -47,6 +47,9 @@ pub struct FloretService {
     sources: fan_in::Sources,
     rates: RateLimiter,
     backpressure: Backpressure,
+    /// This node's address as its peers dial it, named in the answers to
+    /// the produces it commits as leader.
+    leader_address: String,
 }
 
 impl FloretService {
@@ -58,7 +61,13 @@ impl FloretService {
         sources: fan_in::Sources,
         backpressure: Backpressure,
     ) -> Self {
+        let leader_address = shards
+            .peers()
+            .address(shards.node_id())
+            .unwrap_or_default()
+            .to_owned();
         Self {
+            leader_address,
             shards,
             proposers,
             limits,
@@ -202,12 +211,7 @@ impl v1::floret_server::Floret for FloretService {
             } => Ok(Response::new(v1::ProduceResponse {
                 sequences: (first_sequence..first_sequence + count).collect(),
                 duplicate,
-                leader_address: self
-                    .shards
-                    .peers()
-                    .address(self.shards.node_id())
-                    .unwrap_or_default()
-                    .to_owned(),
+                leader_address: self.leader_address.clone(),
             })),
             OpReply::StaleProducerSequence { last } => Err(Status::failed_precondition(format!(
                 "producer_sequence {} is older than the last one applied for this producer ({last}); its sequences are no longer known",
