@@ -70,16 +70,16 @@ impl PeerService {
         }
     }
 
+    /// Resolves when the node starts to stop (or is gone).
+    fn node_stops(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.clone();
+        async move {
+            let _node_gone = stopping.wait_for(|stopping| *stopping).await;
+        }
+    }
+
     fn raft(&self, shard: ShardId) -> Result<&floret_store::Raft, Status> {
-        self.shards
-            .group(shard)
-            .map(|group| &group.raft)
-            .ok_or_else(|| {
-                Status::unavailable(format!(
-                    "node {} holds no replica of shard {shard}",
-                    self.shards.node_id()
-                ))
-            })
+        raft_of(&self.shards, shard)
     }
 
     /// Refuses a hand-back with a reason.
@@ -92,20 +92,30 @@ impl PeerService {
     }
 }
 
-/// Hands one append-entries call to its shard's group.
-async fn append(shards: &Shards, shard: ShardId, payload: &[u8]) -> Outcome {
-    let Some(group) = shards.group(shard) else {
-        return Outcome::Refused(format!(
+/// The raft group of `shard` on this node.
+fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
+    shards.group(shard).map(|group| &group.raft).ok_or_else(|| {
+        Status::unavailable(format!(
             "node {} holds no replica of shard {shard}",
             shards.node_id()
-        ));
-    };
-    let request: AppendEntriesRequest<TypeConfig> = match decode(payload) {
-        Ok(request) => request,
-        Err(error) => return Outcome::Refused(format!("undecodable raft message: {error}")),
-    };
-    let result: Result<_, RaftError<NodeId>> = group.raft.clone().append_entries(request).await;
-    Outcome::Payload(encode(&result))
+        ))
+    })
+}
+
+/// Hands one append-entries call to its shard's group; a call that reaches
+/// no group is refused with the reason a unary call would have failed with.
+async fn append(shards: &Shards, shard: ShardId, payload: &[u8]) -> Outcome {
+    let handed = raft_of(shards, shard).and_then(|raft| {
+        let request: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(undecodable)?;
+        Ok((raft.clone(), request))
+    });
+    match handed {
+        Ok((raft, request)) => {
+            let result: Result<_, RaftError<NodeId>> = raft.append_entries(request).await;
+            Outcome::Payload(encode(&result))
+        }
+        Err(status) => Outcome::Refused(status.message().to_owned()),
+    }
 }
 
 fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
@@ -177,9 +187,8 @@ impl Peer for PeerService {
         let mut calls = request.into_inner();
         let (answers, ready) = mpsc::unbounded_channel();
         let shards = self.shards.clone();
-        let mut stopping = self.stopping.clone();
+        let node_stops = self.node_stops();
         tokio::spawn(async move {
-            let node_stops = stopping.wait_for(|stopping| *stopping);
             tokio::pin!(node_stops);
             loop {
                 let batch = tokio::select! {
@@ -205,11 +214,9 @@ impl Peer for PeerService {
         let answers = batched(ready, answer_bytes, |answers| {
             Ok(v1::RaftAnswers { answers })
         });
-        let mut stopping = self.stopping.clone();
-        let stopped = async move {
-            let _node_gone = stopping.wait_for(|stopping| *stopping).await;
-        };
-        Ok(Response::new(Box::pin(answers.take_until(stopped))))
+        Ok(Response::new(Box::pin(
+            answers.take_until(self.node_stops()),
+        )))
     }
 
     async fn install_snapshot(
