@@ -19,9 +19,10 @@
 //!
 //! Recovery reads every segment in order. A frame cut short (unless it
 //! claims more than [`MAX_FRAME_BYTES`]), or the very last frame of the last
-//! segment failing its checksum, is a torn write: it is cut off. Any other bad frame is corruption, and opening fails rather
-//! than serve a log with a hole. A write or sync that fails while running
-//! stops the log for good (see `WalState::failed`).
+//! segment failing its checksum, is a torn write: it is cut off. Any other
+//! bad frame is corruption, and opening fails rather than serve a log with
+//! a hole. A write or sync that fails while running stops the log for good
+//! (see `WalState::failed`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
