@@ -2,7 +2,8 @@
 //! message, for enqueue batches of several sizes and for acks (removals);
 //! and the per-message cost of policies: an enqueue checked against a limit,
 //! one that drops its producer's oldest message, and the policy and
-//! delivery-time lookups the dispatcher makes for every dispatch.
+//! delivery-time lookups the dispatcher makes for every dispatch, and the
+//! read of the message it dispatches.
 //!
 //! Each iteration is one `apply` call with one raft entry, through openraft's
 //! trait as a replica runs it, on a fresh data dir in the system temp dir.
@@ -237,6 +238,62 @@ fn apply_ack(c: &mut Criterion) {
             timed
         });
     });
+    group.bench_function(
+        BenchmarkId::new("one_each_of_producers", ACKS_PER_ENTRY),
+        |b| {
+            b.iter_custom(|iterations| {
+                let mut replica = Replica::new();
+                let producers: Vec<String> = (0..ACKS_PER_ENTRY)
+                    .map(|producer| format!("tenant-{producer}"))
+                    .collect();
+                for _ in 0..iterations.div_ceil(100) {
+                    for producer in &producers {
+                        replica.apply(vec![enqueue(producer.clone(), 100)]);
+                    }
+                }
+                let mut timed = Duration::ZERO;
+                for sequence in 0..iterations {
+                    let removals = producers
+                        .iter()
+                        .map(|producer| MessageRef {
+                            queue: "default".into(),
+                            producer: producer.clone(),
+                            sequence,
+                        })
+                        .collect();
+                    let timer = Instant::now();
+                    replica.apply(vec![Op::Remove(removals)]);
+                    timed += timer.elapsed();
+                }
+                timed
+            });
+        },
+    );
+    group.finish();
+}
+
+/// Reading the message a dispatch decision named, from a producer whose
+/// backlog came in produce calls of 100 messages: what the dispatcher does
+/// for every message it hands out.
+fn dispatch_read(c: &mut Criterion) {
+    const BACKLOG: u64 = 10_000;
+    let mut group = c.benchmark_group("dispatch_read");
+    group.throughput(Throughput::Elements(1));
+    let mut replica = Replica::new();
+    for _ in 0..BACKLOG / 100 {
+        replica.apply(vec![enqueue("tenant".into(), 100)]);
+    }
+    let reader = replica.state_machine.reader();
+    let mut sequence = 0;
+    group.bench_function("message", |b| {
+        b.iter(|| {
+            sequence = (sequence + 37) % BACKLOG;
+            reader
+                .message("default", "tenant", std::hint::black_box(sequence))
+                .expect("read")
+                .expect("stored")
+        });
+    });
     group.finish();
 }
 
@@ -245,6 +302,7 @@ criterion_group!(
     apply_enqueue,
     apply_ack,
     apply_enqueue_with_limits,
-    dispatch_lookups
+    dispatch_lookups,
+    dispatch_read
 );
 criterion_main!(benches);
