@@ -72,19 +72,6 @@ impl ChangeSet {
         self.changes.get(key).map(Option::as_deref)
     }
 
-    /// Keys written by this set from `start` on that begin with `prefix`, in
-    /// key order, with their values.
-    pub(crate) fn written_from<'a>(
-        &'a self,
-        start: &[u8],
-        prefix: &'a [u8],
-    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        self.changes
-            .range::<[u8], _>((std::ops::Bound::Included(start), std::ops::Bound::Unbounded))
-            .take_while(move |(key, _)| key.starts_with(prefix))
-            .filter_map(|(key, value)| Some((key.as_slice(), value.as_deref()?)))
-    }
-
     /// Writes every change to `tree` so that a crash keeps all or none.
     pub(crate) fn write(&self, tree: &sled::Tree) -> Result<(), ChangeSetError> {
         if self.encoded_len_at_least() > MAX_REDO_BYTES {
@@ -169,9 +156,6 @@ mod tests {
         assert_eq!(changes.pending(b"a"), Some(Some(b"1".as_slice())));
         assert_eq!(changes.pending(b"old"), Some(None));
         assert_eq!(changes.pending(b"z"), None);
-        let written: Vec<_> = changes.written_from(b"a", b"").map(|(k, _)| k).collect();
-        assert_eq!(written, [b"a".as_slice(), b"b".as_slice()]);
-        assert_eq!(changes.written_from(b"a", b"a").count(), 1);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::wal::Wal;
 /// Name of the marker file written into every floret data dir.
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// sled's page cache: large enough for the hot tail of every backlog, small
 /// enough that the backlog itself stays on disk (sled's own default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;

@@ -7,7 +7,10 @@
 //! - `A` -> the applied state (last applied log id, membership);
 //! - `R` -> the redo record of an apply being written (none at rest);
 //! - `P` queue-len:u8 queue producer -> [`crate::records::ProducerRecord`];
-//! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> [`crate::records::StoredMessage`];
+//! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> a
+//!   run of messages from that sequence on (see `runs.rs`);
+//! - `X` + a run's key without its `M` -> which of the run's messages are
+//!   removed; only runs with removed messages have one.
 //! - `Q` queue-len:u8 queue -> the queue's default [`crate::policy::Policy`];
 //! - `O` queue-len:u8 queue producer -> a producer's override [`crate::policy::Policy`];
 //! - `D` queue-len:u8 queue id:u64be -> [`crate::records::DeadLetterRecord`];
@@ -38,6 +41,16 @@ pub const NEXT_DEAD_LETTER_TAG: u8 = b'N';
 
 /// First byte of every delay key.
 pub const DELAY_TAG: u8 = b'T';
+
+/// First byte of every key of a run's removal marks.
+pub const REMOVED_TAG: u8 = b'X';
+
+/// Key of the removal marks of the run stored under `run_key`.
+pub fn removed(run_key: &[u8]) -> Vec<u8> {
+    let mut key = run_key.to_vec();
+    key[0] = REMOVED_TAG;
+    key
+}
 
 /// Key of the delivery time of the message whose key is `message_key`.
 pub fn delay(message_key: &[u8]) -> Vec<u8> {
@@ -122,7 +135,8 @@ pub fn message_prefix(queue: &str, producer: &str) -> Vec<u8> {
     key
 }
 
-/// Key of one message.
+/// Key of one message: the key of the run that starts with it, and the
+/// name its delay key is made from.
 pub fn message(queue: &str, producer: &str, sequence: u64) -> Vec<u8> {
     let mut key = message_prefix(queue, producer);
     key.extend_from_slice(&sequence.to_be_bytes());
@@ -143,7 +157,7 @@ pub fn parse_producer(key: &[u8]) -> Option<(&str, &str)> {
     ))
 }
 
-/// Sequence at the end of a message key.
+/// Sequence at the end of a message (or run) key.
 pub fn message_sequence(key: &[u8]) -> Option<u64> {
     let tail = key.len().checked_sub(8).map(|start| &key[start..])?;
     Some(u64::from_be_bytes(tail.try_into().ok()?))

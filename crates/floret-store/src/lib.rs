@@ -5,9 +5,10 @@
 //! shard's [`LogStore`] and [`StateMachine`]. Every shard's log lives in one
 //! write-ahead log ([`wal`]) whose appends the node's single [`Flusher`]
 //! thread makes durable with one `fdatasync` for all shards (group commit);
-//! the state machines live in sled, keep each producer's messages keyed by
-//! `(queue, producer, sequence)` and only counters per producer, so memory
-//! never holds the backlog.
+//! the state machines live in sled, keep each producer's messages in runs
+//! (the messages of one produce call under one key, see `runs.rs`) keyed by
+//! `(queue, producer, first sequence)` and only counters per producer, so
+//! memory never holds the backlog.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Snapshots are whole-tree images held in memory while built or installed.
@@ -28,6 +29,7 @@ mod log_store;
 pub mod policy;
 mod reader;
 pub mod records;
+mod runs;
 mod snapshot;
 mod state_machine;
 mod storage_error;

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use crate::keys;
 use crate::policy::{Policy, PolicyTable};
 use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessage, decode};
+use crate::runs;
 use crate::storage_error;
 use crate::types::StorageError;
 
@@ -288,12 +289,18 @@ impl ShardReader {
         producer: &str,
         sequence: u64,
     ) -> Result<Option<StoredMessage>, StorageError> {
-        let bytes = self
-            .tree
-            .get(keys::message(queue, producer, sequence))
-            .map_err(storage_error::read_state_machine)?;
-        bytes
-            .map(|b| decode("message", &b).map_err(storage_error::read_state_machine))
+        let prefix = keys::message_prefix(queue, producer);
+        let key = keys::message(queue, producer, sequence);
+        let Some((run_key, run)) = runs::last_in(&self.tree, prefix.as_slice()..=key.as_slice())
+            .map_err(storage_error::read_state_machine)?
+        else {
+            return Ok(None);
+        };
+        let first = keys::message_sequence(&run_key).expect("run keys end with a sequence");
+        let index = (sequence - first) as usize;
+        runs::live_message(&self.tree, &run_key, &run, index)
+            .map_err(storage_error::read_state_machine)?
+            .map(|bytes| decode("message", bytes).map_err(storage_error::read_state_machine))
             .transpose()
     }
 
@@ -305,17 +312,36 @@ impl ShardReader {
         from: u64,
     ) -> Result<Option<(u64, StoredMessage)>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
-        let start = keys::message(queue, producer, from);
-        let Some(item) = self.tree.range(start..).next() else {
-            return Ok(None);
+        let from_key = keys::message(queue, producer, from);
+        let holding = runs::last_in(&self.tree, prefix.as_slice()..=from_key.as_slice())
+            .map_err(storage_error::read_state_machine)?;
+        let mut next = match holding {
+            Some(found) => Some(found),
+            None => runs::first_from(&self.tree, &from_key, &prefix)
+                .map_err(storage_error::read_state_machine)?,
         };
-        let (key, value) = item.map_err(storage_error::read_state_machine)?;
-        if !key.starts_with(&prefix) {
-            return Ok(None);
+        while let Some((run_key, run)) = next {
+            let first = keys::message_sequence(&run_key).expect("run keys end with a sequence");
+            let marks = self
+                .tree
+                .get(keys::removed(&run_key))
+                .map_err(storage_error::read_state_machine)?;
+            let removed = runs::Removed::stored(marks.as_deref(), run.len())
+                .map_err(storage_error::read_state_machine)?;
+            let skip = from.saturating_sub(first) as usize;
+            if let Some(index) = (skip..run.len()).find(|&index| !removed.contains(index)) {
+                let bytes = run.message(index).ok_or_else(|| {
+                    storage_error::read_state_machine(runs::RunError("offsets out of order"))
+                })?;
+                let message =
+                    decode("message", bytes).map_err(storage_error::read_state_machine)?;
+                return Ok(Some((first + index as u64, message)));
+            }
+            let after = keys::message(queue, producer, first + run.len() as u64);
+            next = runs::first_from(&self.tree, &after, &prefix)
+                .map_err(storage_error::read_state_machine)?;
         }
-        let sequence = keys::message_sequence(&key).expect("message keys end with a sequence");
-        let message = decode("message", &value).map_err(storage_error::read_state_machine)?;
-        Ok(Some((sequence, message)))
+        Ok(None)
     }
 
     /// Every producer of the shard, in key order.

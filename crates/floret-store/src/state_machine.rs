@@ -20,8 +20,9 @@
 //! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
 //!   flight; their acks then answer "already acked".
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Cursor;
+use std::ops::Bound;
 use std::ops::Range;
 use std::path::Path;
 
@@ -37,6 +38,7 @@ use crate::records::{
     AppliedState, DeadLetterRecord, ProducedBatch, ProducerRecord, StoredMessage, StoredMessageRef,
     decode, encode,
 };
+use crate::runs::{self, Removed, Run};
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{
@@ -152,6 +154,29 @@ impl StateMachine {
     }
 }
 
+/// A run's bytes: as read from the tree, or written by this apply.
+enum RunBytes {
+    Stored(sled::IVec),
+    New(Vec<u8>),
+}
+
+impl AsRef<[u8]> for RunBytes {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            RunBytes::Stored(bytes) => bytes,
+            RunBytes::New(bytes) => bytes,
+        }
+    }
+}
+
+/// A run as one apply leaves it so far.
+struct TouchedRun {
+    run: Run<RunBytes>,
+    removed: Removed,
+    /// Whether its removal marks changed in this apply.
+    marks_changed: bool,
+}
+
 /// Changes of one `apply` call, gathered before they are written as one
 /// change set. Reads go through [`PendingApply::get`], which sees this
 /// apply's own writes first.
@@ -168,6 +193,8 @@ struct PendingApply<'a> {
     delays_added: HashMap<Vec<u8>, i64>,
     /// Message keys whose delivery time this apply removed.
     delays_removed: Vec<Vec<u8>>,
+    /// Every run this apply wrote or removed messages from, by key.
+    runs: BTreeMap<Vec<u8>, TouchedRun>,
     /// Policies this apply stored, in order; the shared table gets them
     /// once they are written.
     policies_set: Vec<(String, Option<String>, Policy)>,
@@ -185,6 +212,7 @@ impl<'a> PendingApply<'a> {
             next_dead_letter: HashMap::new(),
             delays_added: HashMap::new(),
             delays_removed: Vec::new(),
+            runs: BTreeMap::new(),
             policies_set: Vec::new(),
             events: Vec::new(),
         }
@@ -237,6 +265,152 @@ impl<'a> PendingApply<'a> {
             self.producers.insert(key.clone(), record);
         }
         Ok(self.producers.get_mut(&key).expect("inserted above"))
+    }
+
+    /// Adds a run of `messages` (stored encodings) starting at `first`.
+    fn add_run(&mut self, queue: &str, producer: &str, first: u64, messages: &[Vec<u8>]) {
+        let run = Run::parse(RunBytes::New(runs::encode(messages)))
+            .expect("a run just encoded is well formed");
+        let removed = Removed::none(run.len());
+        self.runs.insert(
+            keys::message(queue, producer, first),
+            TouchedRun {
+                run,
+                removed,
+                marks_changed: false,
+            },
+        );
+    }
+
+    /// Brings a stored run into `runs`, unless this apply touched it
+    /// already; returns its key.
+    fn touch(&mut self, key: sled::IVec, run: Run<sled::IVec>) -> Result<Vec<u8>, StorageError> {
+        let key = key.to_vec();
+        if !self.runs.contains_key(&key) {
+            let marks = self
+                .tree()
+                .get(keys::removed(&key))
+                .map_err(storage_error::read_state_machine)?;
+            let removed = Removed::stored(marks.as_deref(), run.len())
+                .map_err(storage_error::read_state_machine)?;
+            let run = Run::parse(RunBytes::Stored(run.into_bytes()))
+                .map_err(storage_error::read_state_machine)?;
+            self.runs.insert(
+                key.clone(),
+                TouchedRun {
+                    run,
+                    removed,
+                    marks_changed: false,
+                },
+            );
+        }
+        Ok(key)
+    }
+
+    /// The run that holds `sequence` of the producer as this apply leaves
+    /// it so far, with the message's index in it; None if no run does.
+    fn run_holding(
+        &mut self,
+        queue: &str,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<Option<(Vec<u8>, usize)>, StorageError> {
+        let prefix = keys::message_prefix(queue, producer);
+        let key = keys::message(queue, producer, sequence);
+        let holds = |run_key: &[u8], run: &TouchedRun| {
+            let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
+            let index = (sequence - first) as usize;
+            (index < run.run.len()).then_some(index)
+        };
+        let touched = self
+            .runs
+            .range::<[u8], _>((
+                Bound::Included(prefix.as_slice()),
+                Bound::Included(key.as_slice()),
+            ))
+            .next_back();
+        if let Some((run_key, run)) = touched
+            && let Some(index) = holds(run_key, run)
+        {
+            return Ok(Some((run_key.clone(), index)));
+        }
+        let touched = touched.map(|(run_key, _)| run_key.clone());
+        let stored = runs::last_in(self.tree(), prefix.as_slice()..=key.as_slice())
+            .map_err(storage_error::read_state_machine)?;
+        let run_key = match (touched, stored) {
+            (Some(touched), Some((stored, run))) if stored.as_ref() > touched.as_slice() => {
+                self.touch(stored, run)?
+            }
+            (Some(touched), _) => touched,
+            (None, Some((stored, run))) => self.touch(stored, run)?,
+            (None, None) => return Ok(None),
+        };
+        Ok(holds(&run_key, &self.runs[&run_key]).map(|index| (run_key, index)))
+    }
+
+    /// The run that holds `sequence` of the producer, or else its first run
+    /// after it, with the index to start from; None if there is neither.
+    fn run_from(
+        &mut self,
+        queue: &str,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<Option<(Vec<u8>, usize)>, StorageError> {
+        if let Some(holding) = self.run_holding(queue, producer, sequence)? {
+            return Ok(Some(holding));
+        }
+        let prefix = keys::message_prefix(queue, producer);
+        let key = keys::message(queue, producer, sequence);
+        let touched = self
+            .runs
+            .range::<[u8], _>((Bound::Included(key.as_slice()), Bound::Unbounded))
+            .next()
+            .map(|(run_key, _)| run_key)
+            .filter(|run_key| run_key.starts_with(&prefix))
+            .cloned();
+        let stored = runs::first_from(self.tree(), &key, &prefix)
+            .map_err(storage_error::read_state_machine)?;
+        let run_key = match (touched, stored) {
+            (Some(touched), Some((stored, run))) if stored.as_ref() < touched.as_slice() => {
+                self.touch(stored, run)?
+            }
+            (Some(touched), _) => touched,
+            (None, Some((stored, run))) => self.touch(stored, run)?,
+            (None, None) => return Ok(None),
+        };
+        Ok(Some((run_key, 0)))
+    }
+
+    /// Marks message `index` of a touched run removed; its stored encoding,
+    /// or None if it was removed already.
+    fn remove_from_run(
+        &mut self,
+        run_key: &[u8],
+        index: usize,
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        let touched = self.runs.get_mut(run_key).expect("the run was touched");
+        if touched.removed.contains(index) {
+            return Ok(None);
+        }
+        let message = touched.run.message(index).ok_or_else(|| {
+            storage_error::read_state_machine(runs::RunError("offsets out of order"))
+        })?;
+        let message = message.to_vec();
+        touched.removed.insert(index);
+        touched.marks_changed = true;
+        Ok(Some(message))
+    }
+
+    /// Whether `sequence` of the producer is stored as this apply leaves it so far.
+    fn is_stored(
+        &mut self,
+        queue: &str,
+        producer: &str,
+        sequence: u64,
+    ) -> Result<bool, StorageError> {
+        Ok(self
+            .run_holding(queue, producer, sequence)?
+            .is_some_and(|(run_key, index)| !self.runs[&run_key].removed.contains(index)))
     }
 
     fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
@@ -298,9 +472,9 @@ impl<'a> PendingApply<'a> {
             });
         }
         let over_limit = policy.exceeded_by(record.messages, record.bytes);
-        for (sequence, value) in (first_sequence..).zip(values) {
-            let key = keys::message(&enqueue.queue, &enqueue.producer, sequence);
-            self.changes.insert(key, value);
+        for run in runs::split(&values) {
+            let first = first_sequence + run.start as u64;
+            self.add_run(&enqueue.queue, &enqueue.producer, first, &values[run]);
         }
         self.events.push(AppliedEvent::Enqueued {
             shard: self.shard,
@@ -330,12 +504,8 @@ impl<'a> PendingApply<'a> {
         {
             let (queue, producer) = (&delayed.enqueue.queue, &delayed.enqueue.producer);
             for sequence in first_sequence..first_sequence + count {
-                let key = keys::message(queue, producer, sequence);
-                if self
-                    .changes
-                    .pending(&key)
-                    .is_some_and(|value| value.is_some())
-                {
+                if self.is_stored(queue, producer, sequence)? {
+                    let key = keys::message(queue, producer, sequence);
                     self.changes
                         .insert(keys::delay(&key), encode(&delayed.deliver_at_ms));
                     self.delays_added.insert(key, delayed.deliver_at_ms);
@@ -364,56 +534,45 @@ impl<'a> PendingApply<'a> {
         let (queue, producer) = (enqueue.queue.as_str(), enqueue.producer.as_str());
         let record = self.producer(queue, producer)?.clone();
         let (mut messages, mut bytes) = (record.messages, record.bytes);
-        let prefix = keys::message_prefix(queue, producer);
-        let start = keys::message(queue, producer, record.head);
-        let mut oldest: Vec<(Vec<u8>, sled::IVec)> = Vec::new();
-        for item in self.tree().range(start.as_slice()..) {
-            if !policy.exceeded_by(messages, bytes) {
+        let mut sequence = record.head;
+        let mut last = None;
+        while policy.exceeded_by(messages, bytes) {
+            let Some((run_key, start)) = self.run_from(queue, producer, sequence)? else {
                 break;
+            };
+            let first = keys::message_sequence(&run_key).expect("run keys end with a sequence");
+            let len = self.runs[&run_key].run.len();
+            for index in start..len {
+                if !policy.exceeded_by(messages, bytes) {
+                    break;
+                }
+                let Some(value) = self.remove_from_run(&run_key, index)? else {
+                    continue;
+                };
+                let sequence = first + index as u64;
+                messages -= 1;
+                bytes -= value.len() as u64;
+                last = Some(sequence);
+                self.forget_delay(&keys::message(queue, producer, sequence));
+                if dead_letter {
+                    self.keep_dead_letter(
+                        queue,
+                        DeadLetterRecord {
+                            producer: producer.to_owned(),
+                            sequence,
+                            reason: DeadLetterReason::Overflow,
+                            attempts: 0,
+                            dead_lettered_at_ms: enqueue.enqueued_at_ms,
+                            message: value,
+                        },
+                    )?;
+                }
             }
-            let (key, value) = item.map_err(storage_error::read_state_machine)?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
-            if self.changes.pending(&key).is_some() {
-                continue;
-            }
-            messages -= 1;
-            bytes -= value.len() as u64;
-            oldest.push((key.to_vec(), value));
+            sequence = first + len as u64;
         }
-        for (key, value) in self.changes.written_from(&start, &prefix) {
-            if !policy.exceeded_by(messages, bytes) {
-                break;
-            }
-            messages -= 1;
-            bytes -= value.len() as u64;
-            oldest.push((key.to_vec(), sled::IVec::from(value)));
-        }
-        let Some(last) = oldest
-            .last()
-            .and_then(|(key, _)| keys::message_sequence(key))
-        else {
+        let Some(last) = last else {
             return Ok(());
         };
-        for (key, value) in oldest {
-            let sequence = keys::message_sequence(&key).expect("message keys end with a sequence");
-            self.forget_delay(&key);
-            self.changes.remove(key);
-            if dead_letter {
-                self.keep_dead_letter(
-                    queue,
-                    DeadLetterRecord {
-                        producer: producer.to_owned(),
-                        sequence,
-                        reason: DeadLetterReason::Overflow,
-                        attempts: 0,
-                        dead_lettered_at_ms: enqueue.enqueued_at_ms,
-                        message: value.to_vec(),
-                    },
-                )?;
-            }
-        }
         let record = self.producer(queue, producer)?;
         record.messages = messages;
         record.bytes = bytes;
@@ -429,19 +588,21 @@ impl<'a> PendingApply<'a> {
 
     /// Deletes a stored message, adjusting its producer's counters; returns
     /// its value, or None if it was not stored.
-    fn take(&mut self, message: &MessageRef) -> Result<Option<sled::IVec>, StorageError> {
-        let key = keys::message(&message.queue, &message.producer, message.sequence);
-        let Some(value) = self.get(&key)? else {
+    fn take(&mut self, message: &MessageRef) -> Result<Option<Vec<u8>>, StorageError> {
+        let (queue, producer) = (message.queue.as_str(), message.producer.as_str());
+        let Some((run_key, index)) = self.run_holding(queue, producer, message.sequence)? else {
             return Ok(None);
         };
-        let record = self.producer(&message.queue, &message.producer)?;
+        let Some(value) = self.remove_from_run(&run_key, index)? else {
+            return Ok(None);
+        };
+        let record = self.producer(queue, producer)?;
         record.messages -= 1;
         record.bytes -= value.len() as u64;
         if record.head == message.sequence {
             record.head += 1;
         }
-        self.forget_delay(&key);
-        self.changes.remove(key);
+        self.forget_delay(&keys::message(queue, producer, message.sequence));
         Ok(Some(value))
     }
 
@@ -472,7 +633,7 @@ impl<'a> PendingApply<'a> {
                         reason: discarded.reason,
                         attempts: discarded.attempts,
                         dead_lettered_at_ms: discard.at_ms,
-                        message: value.to_vec(),
+                        message: value,
                     },
                 )?;
             }
@@ -567,10 +728,7 @@ impl<'a> PendingApply<'a> {
             record.messages += 1;
             record.bytes += value.len() as u64;
             self.changes.remove(key);
-            self.changes.insert(
-                keys::message(&selection.queue, &dead.producer, sequence),
-                value,
-            );
+            self.add_run(&selection.queue, &dead.producer, sequence, &[value]);
             self.events.push(AppliedEvent::Enqueued {
                 shard: self.shard,
                 queue: selection.queue.clone(),
@@ -619,6 +777,27 @@ impl<'a> PendingApply<'a> {
     }
 
     fn commit(mut self, applied: &AppliedState) -> Result<Vec<AppliedEvent>, StorageError> {
+        for (key, touched) in std::mem::take(&mut self.runs) {
+            let marks_key = keys::removed(&key);
+            let new_run = match touched.run.into_bytes() {
+                RunBytes::New(bytes) => Some(bytes),
+                RunBytes::Stored(_) => None,
+            };
+            if touched.removed.all() {
+                if new_run.is_none() {
+                    self.changes.remove(key);
+                    self.changes.remove(marks_key);
+                }
+                continue;
+            }
+            if touched.marks_changed {
+                self.changes
+                    .insert(marks_key, touched.removed.as_bytes().to_vec());
+            }
+            if let Some(bytes) = new_run {
+                self.changes.insert(key, bytes);
+            }
+        }
         let mut changed_totals = Vec::with_capacity(self.producers.len());
         for (key, record) in self.producers {
             let before = self.stored_before.get(&key).copied().unwrap_or_default();

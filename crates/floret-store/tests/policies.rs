@@ -464,7 +464,10 @@ async fn delivery_time_is_kept_until_its_message_is_removed_and_survives_a_reope
             .unwrap();
         assert_eq!(reader.deliver_at(QUEUE, "p", 0), None);
         let (_, keys_before) = reader.digest().unwrap();
-        assert_eq!(keys_before, 5, "applied, producer, 2 messages, 1 delay");
+        assert_eq!(
+            keys_before, 6,
+            "applied, producer, 2 runs (one per produce), the first run's removal marks, 1 delay"
+        );
     }
     let reopened = database.state_machine(0, None).unwrap();
     assert_eq!(reopened.reader().deliver_at(QUEUE, "p", 1), Some(9_000));
@@ -631,4 +634,31 @@ async fn dead_letter_named_twice_in_one_replay_is_replayed_once() {
         .await;
     assert_eq!(reply.replies, [OpReply::Replayed { count: 1 }]);
     assert_eq!(fixture.payloads("p"), ["new", "old"]);
+}
+
+#[tokio::test]
+async fn dropping_oldest_skips_acked_messages_and_crosses_into_the_next_run() {
+    let mut fixture = Fixture::new();
+    fixture
+        .apply(vec![set_policy(Some("p"), limit(4, Overflow::DropOldest))])
+        .await;
+    fixture.apply(vec![enqueue("p", &["a", "b", "c"])]).await;
+    fixture
+        .apply(vec![Op::Remove(vec![MessageRef {
+            queue: QUEUE.into(),
+            producer: "p".into(),
+            sequence: 1,
+        }])])
+        .await;
+    fixture.apply(vec![enqueue("p", &["d", "e", "f"])]).await;
+    assert_eq!(fixture.payloads("p"), ["c", "d", "e", "f"]);
+    fixture.apply(vec![enqueue("p", &["g", "h"])]).await;
+    assert_eq!(fixture.payloads("p"), ["e", "f", "g", "h"]);
+    let reader = fixture.state_machine.reader();
+    let (_, keys) = reader.digest().unwrap();
+    assert_eq!(
+        keys, 6,
+        "applied, producer, policy, two runs and the marks of the older: the emptied first run is gone"
+    );
+    assert_eq!(reader.totals().messages(), 4);
 }

@@ -1,0 +1,288 @@
+//! A producer's messages at rest, stored in runs: the messages of one
+//! produce call under one key, not one key each.
+//!
+//! sled 0.34 keeps at most 16 entries in a leaf and copies a leaf on every
+//! insert, so one key per message made every enqueue split leaves every few
+//! inserts and left a backlog of millions of messages as millions of small
+//! allocations in its cache. A run is one value:
+//!
+//! - `count`: u32 little-endian, the messages in the run (at least one);
+//! - `count` u32 little-endian ends, each message's end offset in the data;
+//! - the data: each message as its [`crate::records::StoredMessage`]
+//!   encoding, one after the other.
+//!
+//! so reading the i-th message is two offset reads and a slice. A run's key
+//! is the key of its first message ([`crate::keys::message`]); a run holds
+//! consecutive sequences. Messages are removed (acked, dropped, dead
+//! lettered) by setting their bit in the run's removal marks, a small value
+//! under [`crate::keys::removed`]; the run and its marks are deleted once
+//! every message of the run is removed. A run never changes once written, so
+//! an ack rewrites a few bytes of marks, not the run.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A run whose messages are all acked but one keeps the whole run on disk
+//!   until that one goes.
+
+use std::ops::RangeInclusive;
+
+use crate::keys;
+
+/// Most bytes of encoded messages a run holds: a produce call larger than
+/// this is stored as several runs, so that a run stays well inside a change
+/// set's redo record and sled keeps it inline in its leaf.
+pub(crate) const MAX_RUN_BYTES: usize = 32 * 1024;
+
+/// A stored value that is not a well-formed run or set of marks: the data
+/// dir is damaged or not floret's.
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt message run: {0}")]
+pub struct RunError(pub(crate) &'static str);
+
+/// Encodes messages (each already in its stored encoding) as one run.
+pub(crate) fn encode<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
+    let data_len: usize = messages.iter().map(|m| m.as_ref().len()).sum();
+    let mut run = Vec::with_capacity(4 + 4 * messages.len() + data_len);
+    run.extend_from_slice(&(messages.len() as u32).to_le_bytes());
+    let mut end = 0u32;
+    for message in messages {
+        end += message.as_ref().len() as u32;
+        run.extend_from_slice(&end.to_le_bytes());
+    }
+    for message in messages {
+        run.extend_from_slice(message.as_ref());
+    }
+    run
+}
+
+/// Splits `messages` into runs of at most [`MAX_RUN_BYTES`] (a single larger
+/// message is a run of its own): the index range of each run.
+pub(crate) fn split<M: AsRef<[u8]>>(messages: &[M]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (index, message) in messages.iter().enumerate() {
+        let len = message.as_ref().len();
+        if index > start && bytes + len > MAX_RUN_BYTES {
+            runs.push(start..index);
+            (start, bytes) = (index, 0);
+        }
+        bytes += len;
+    }
+    if start < messages.len() {
+        runs.push(start..messages.len());
+    }
+    runs
+}
+
+/// A run read from its stored bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Run<B> {
+    bytes: B,
+    count: usize,
+}
+
+impl<B: AsRef<[u8]>> Run<B> {
+    /// Checks the framing of a stored run.
+    pub(crate) fn parse(bytes: B) -> Result<Self, RunError> {
+        let raw = bytes.as_ref();
+        let count = raw
+            .first_chunk::<4>()
+            .map(|count| u32::from_le_bytes(*count) as usize)
+            .ok_or(RunError("shorter than its header"))?;
+        let data_start = 4 + 4 * count;
+        if count == 0 || raw.len() < data_start {
+            return Err(RunError("message count does not fit the value"));
+        }
+        let run = Self { bytes, count };
+        if run.end(count - 1) != run.bytes.as_ref().len() - data_start {
+            return Err(RunError("offsets do not cover the data"));
+        }
+        Ok(run)
+    }
+
+    /// The stored bytes.
+    pub(crate) fn into_bytes(self) -> B {
+        self.bytes
+    }
+
+    /// Messages in the run, removed ones included.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// The stored encoding of message `index`; None past the run's end or
+    /// when the offsets are damaged.
+    pub(crate) fn message(&self, index: usize) -> Option<&[u8]> {
+        if index >= self.count {
+            return None;
+        }
+        let start = if index == 0 { 0 } else { self.end(index - 1) };
+        let data = &self.bytes.as_ref()[4 + 4 * self.count..];
+        data.get(start..self.end(index))
+    }
+
+    fn end(&self, index: usize) -> usize {
+        let at = 4 + 4 * index;
+        let end: [u8; 4] = self.bytes.as_ref()[at..at + 4]
+            .try_into()
+            .expect("four bytes");
+        u32::from_le_bytes(end) as usize
+    }
+}
+
+/// Which messages of a run are removed: bit `i` set when message `i` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Removed {
+    bits: Vec<u8>,
+    count: usize,
+}
+
+impl Removed {
+    /// No message of a run of `count` removed.
+    pub(crate) fn none(count: usize) -> Self {
+        Self {
+            bits: vec![0; count.div_ceil(8)],
+            count,
+        }
+    }
+
+    /// The marks stored for a run of `count`, or none if it has no marks.
+    pub(crate) fn stored(bytes: Option<&[u8]>, count: usize) -> Result<Self, RunError> {
+        match bytes {
+            None => Ok(Self::none(count)),
+            Some(bits) if bits.len() == count.div_ceil(8) => Ok(Self {
+                bits: bits.to_vec(),
+                count,
+            }),
+            Some(_) => Err(RunError("removal marks do not match the run's length")),
+        }
+    }
+
+    /// Whether message `index` is removed.
+    pub(crate) fn contains(&self, index: usize) -> bool {
+        self.bits[index / 8] & (1 << (index % 8)) != 0
+    }
+
+    /// Marks message `index` removed; false if it already was.
+    pub(crate) fn insert(&mut self, index: usize) -> bool {
+        let was = self.contains(index);
+        self.bits[index / 8] |= 1 << (index % 8);
+        !was
+    }
+
+    /// Whether every message of the run is removed.
+    pub(crate) fn all(&self) -> bool {
+        self.bits
+            .iter()
+            .map(|b| b.count_ones() as usize)
+            .sum::<usize>()
+            == self.count
+    }
+
+    /// The stored form.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bits
+    }
+}
+
+/// Reads a message out of `run` stored at `run_key`, unless it is removed.
+pub(crate) fn live_message<'r>(
+    tree: &sled::Tree,
+    run_key: &[u8],
+    run: &'r Run<sled::IVec>,
+    index: usize,
+) -> Result<Option<&'r [u8]>, RunStoreError> {
+    let Some(message) = run.message(index) else {
+        return Ok(None);
+    };
+    let marks = tree.get(keys::removed(run_key))?;
+    let removed = Removed::stored(marks.as_deref(), run.len())?;
+    Ok((!removed.contains(index)).then_some(message))
+}
+
+/// The stored run whose key is the greatest in `keys` (a range within one
+/// producer's message keys): the one that may hold the range's last sequence.
+pub(crate) fn last_in(
+    tree: &sled::Tree,
+    keys: RangeInclusive<&[u8]>,
+) -> Result<Option<(sled::IVec, Run<sled::IVec>)>, RunStoreError> {
+    tree.range::<&[u8], _>(keys)
+        .next_back()
+        .transpose()?
+        .map(|(key, value)| Ok((key, Run::parse(value)?)))
+        .transpose()
+}
+
+/// The first stored run with a key at or after `from` that begins with `prefix`.
+pub(crate) fn first_from(
+    tree: &sled::Tree,
+    from: &[u8],
+    prefix: &[u8],
+) -> Result<Option<(sled::IVec, Run<sled::IVec>)>, RunStoreError> {
+    let Some((key, value)) = tree.range(from..).next().transpose()? else {
+        return Ok(None);
+    };
+    if !key.starts_with(prefix) {
+        return Ok(None);
+    }
+    Ok(Some((key, Run::parse(value)?)))
+}
+
+/// What stops a run from being read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RunStoreError {
+    #[error(transparent)]
+    Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Corrupt(#[from] RunError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_of_a_run_reads_back_whole() {
+        let messages: Vec<Vec<u8>> = vec![b"a".to_vec(), Vec::new(), b"ccc".to_vec()];
+        let run = Run::parse(encode(&messages)).unwrap();
+        assert_eq!(run.len(), 3);
+        for (index, message) in messages.iter().enumerate() {
+            assert_eq!(run.message(index), Some(message.as_slice()));
+        }
+        assert_eq!(run.message(3), None);
+    }
+
+    #[test]
+    fn damaged_run_is_refused_not_misread() {
+        let mut run = encode(&[b"abc".to_vec()]);
+        run.pop();
+        assert!(Run::parse(run).is_err());
+        assert!(Run::parse(0u32.to_le_bytes().to_vec()).is_err());
+        assert!(Run::parse(1_000u32.to_le_bytes().to_vec()).is_err());
+        assert!(Run::parse(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn large_produce_is_split_into_runs_below_the_cap() {
+        let messages = vec![vec![0u8; MAX_RUN_BYTES / 3]; 7];
+        let runs = split(&messages);
+        assert_eq!(runs, vec![0..3, 3..6, 6..7]);
+        let huge = vec![vec![0u8; MAX_RUN_BYTES * 2], vec![1]];
+        assert_eq!(split(&huge), vec![0..1, 1..2]);
+        assert!(split::<Vec<u8>>(&[]).is_empty());
+    }
+
+    #[test]
+    fn marks_know_when_the_whole_run_is_removed() {
+        let mut removed = Removed::none(9);
+        for index in 0..8 {
+            assert!(removed.insert(index));
+        }
+        assert!(!removed.insert(3));
+        assert!(!removed.all());
+        removed.insert(8);
+        assert!(removed.all());
+        let stored = Removed::stored(Some(removed.as_bytes()), 9).unwrap();
+        assert_eq!(stored, removed);
+        assert!(Removed::stored(Some(&[0]), 9).is_err());
+    }
+}
