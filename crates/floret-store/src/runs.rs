@@ -28,9 +28,14 @@ use std::ops::RangeInclusive;
 use crate::keys;
 
 /// Most bytes of encoded messages a run holds: a produce call larger than
-/// this is stored as several runs, so that a run stays well inside a change
-/// set's redo record and sled keeps it inline in its leaf.
-pub(crate) const MAX_RUN_BYTES: usize = 32 * 1024;
+/// this is stored as several runs. sled splits its leaves by entry count
+/// (16), not size, and writes a whole leaf out again every 10 changes to
+/// it, so the leaves of large runs are large: with 32 KiB runs a backlog
+/// of 1,000,000 messages wrote 9 times its size and held about 85 MiB
+/// whatever the cache size; 4 KiB runs (about 28 messages of 128 bytes)
+/// wrote about 7 times its size and stayed near the configured cache, at
+/// the same apply cost (see `examples/backlog_footprint.rs`).
+pub(crate) const MAX_RUN_BYTES: usize = 4 * 1024;
 
 /// A stored value that is not a well-formed run or set of marks: the data
 /// dir is damaged or not floret's.
