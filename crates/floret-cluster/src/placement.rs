@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 use floret_store::{NodeId, ShardId};
 use hashring::HashRing;
 
-/// Ring points per shard: enough that 16 shards get near-equal key shares.
+/// Ring points per shard: enough that a few to a few dozen shards get near-equal key shares.
 pub const VIRTUAL_POINTS_PER_SHARD: u16 = 64;
 
 /// Bytes hashed as they are, with no length prefix or terminator.
