@@ -490,14 +490,18 @@ async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_
         give_up_after: Duration::from_secs(120),
         ..RetryPolicy::default()
     });
-    let batch: Vec<Message> = (0..100)
+    const FLOOD_BATCHES: usize = 40;
+    const FLOOD_BATCH: usize = 100;
+    const FLOOD_MESSAGES: usize = FLOOD_BATCHES * FLOOD_BATCH;
+    const FLOOD_PAYLOAD: [u8; 128] = [7; 128];
+    let batch: Vec<Message> = (0..FLOOD_BATCH)
         .map(|_| Message {
-            payload: vec![7; 128],
+            payload: FLOOD_PAYLOAD.to_vec(),
             headers: HashMap::new(),
         })
         .collect();
     let flood = tokio::spawn(async move {
-        for _ in 0..40 {
+        for _ in 0..FLOOD_BATCHES {
             patient
                 .produce(QUEUE, "flood", batch.clone())
                 .await
@@ -524,14 +528,19 @@ async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_
     }
     assert!(!flood.is_finished(), "the flood went through unthrottled");
 
+    // Count flood messages by payload rather than waiting for the flood task
+    // to finish: the last batch can be delivered before its produce call
+    // returns to the flooder.
     let mut consumer = client.consume(QUEUE, 256).await.unwrap();
     let mut quiet_delivered = std::collections::HashSet::new();
-    while quiet_delivered.len() < 10 || !flood.is_finished() {
+    let mut flood_delivered = 0;
+    while quiet_delivered.len() < 10 || flood_delivered < FLOOD_MESSAGES {
         let Ok(delivery) = tokio::time::timeout(DEADLINE / 2, next_delivery(&mut consumer)).await
         else {
             let stats = client.queue_stats(QUEUE).await;
             panic!(
-                "no delivery for {:?}: {} quiet delivered, flood finished: {}, stats: {stats:?}",
+                "no delivery for {:?}: {} quiet and {flood_delivered} flood delivered, \
+                 flood finished: {}, stats: {stats:?}",
                 DEADLINE / 2,
                 quiet_delivered.len(),
                 flood.is_finished()
@@ -539,6 +548,8 @@ async fn node_past_its_high_watermark_slows_the_flooder_and_still_accepts_quiet_
         };
         if delivery.producer_id.starts_with("quiet-") {
             quiet_delivered.insert(delivery.producer_id.clone());
+        } else if delivery.payload == FLOOD_PAYLOAD {
+            flood_delivered += 1;
         }
         consumer.ack(vec![delivery.delivery_id]).await.unwrap();
         consumer.credit(1).await.unwrap();
