@@ -22,6 +22,15 @@
 //! IMPLEMENTATION CAVEATS
 //! - A run whose messages are all acked but one keeps the whole run on disk
 //!   until that one goes.
+//! - A reader outside the state machine reads a run and then its marks, not
+//!   both at one instant: if an apply deletes the run (its last message
+//!   acked) between the two reads, the reader sees no marks and takes the
+//!   run's acked messages for live until its next read. The dispatcher only
+//!   reads a message it holds as ready, so this shows at worst as one
+//!   delivery of a message removed at that instant, the same as a read
+//!   just before the removal.
+//! - Snapshots carry the runs as they are stored and no format version of
+//!   their own: every node of a cluster must run the same data format.
 
 use std::ops::RangeInclusive;
 
@@ -114,15 +123,17 @@ impl<B: AsRef<[u8]>> Run<B> {
         self.count
     }
 
-    /// The stored encoding of message `index`; None past the run's end or
-    /// when the offsets are damaged.
-    pub(crate) fn message(&self, index: usize) -> Option<&[u8]> {
+    /// The stored encoding of message `index`; None past the run's end,
+    /// an error when the offsets are damaged.
+    pub(crate) fn message(&self, index: usize) -> Result<Option<&[u8]>, RunError> {
         if index >= self.count {
-            return None;
+            return Ok(None);
         }
         let start = if index == 0 { 0 } else { self.end(index - 1) };
         let data = &self.bytes.as_ref()[4 + 4 * self.count..];
         data.get(start..self.end(index))
+            .map(Some)
+            .ok_or(RunError("offsets out of order"))
     }
 
     fn end(&self, index: usize) -> usize {
@@ -154,12 +165,21 @@ impl Removed {
     pub(crate) fn stored(bytes: Option<&[u8]>, count: usize) -> Result<Self, RunError> {
         match bytes {
             None => Ok(Self::none(count)),
-            Some(bits) if bits.len() == count.div_ceil(8) => Ok(Self {
-                bits: bits.to_vec(),
-                count,
-            }),
+            Some(bits) if bits.len() == count.div_ceil(8) && Self::padding_clear(bits, count) => {
+                Ok(Self {
+                    bits: bits.to_vec(),
+                    count,
+                })
+            }
             Some(_) => Err(RunError("removal marks do not match the run's length")),
         }
+    }
+
+    /// Whether the bits past the run's last message are all clear, as
+    /// [`Removed::all`] counts set bits.
+    fn padding_clear(bits: &[u8], count: usize) -> bool {
+        let used_in_last = count % 8;
+        used_in_last == 0 || bits.last().is_none_or(|last| last >> used_in_last == 0)
     }
 
     /// Whether message `index` is removed.
@@ -196,7 +216,7 @@ pub(crate) fn live_message<'r>(
     run: &'r Run<sled::IVec>,
     index: usize,
 ) -> Result<Option<&'r [u8]>, RunStoreError> {
-    let Some(message) = run.message(index) else {
+    let Some(message) = run.message(index)? else {
         return Ok(None);
     };
     let marks = tree.get(keys::removed(run_key))?;
@@ -251,9 +271,9 @@ mod tests {
         let run = Run::parse(encode(&messages)).unwrap();
         assert_eq!(run.len(), 3);
         for (index, message) in messages.iter().enumerate() {
-            assert_eq!(run.message(index), Some(message.as_slice()));
+            assert_eq!(run.message(index).unwrap(), Some(message.as_slice()));
         }
-        assert_eq!(run.message(3), None);
+        assert_eq!(run.message(3).unwrap(), None);
     }
 
     #[test]
@@ -264,6 +284,10 @@ mod tests {
         assert!(Run::parse(0u32.to_le_bytes().to_vec()).is_err());
         assert!(Run::parse(1_000u32.to_le_bytes().to_vec()).is_err());
         assert!(Run::parse(Vec::new()).is_err());
+        let mut crossed = encode(&[b"ab".to_vec(), b"c".to_vec()]);
+        crossed[4..8].copy_from_slice(&5u32.to_le_bytes());
+        let crossed = Run::parse(crossed).unwrap();
+        assert!(crossed.message(1).is_err());
     }
 
     #[test]
@@ -289,5 +313,9 @@ mod tests {
         let stored = Removed::stored(Some(removed.as_bytes()), 9).unwrap();
         assert_eq!(stored, removed);
         assert!(Removed::stored(Some(&[0]), 9).is_err());
+        assert!(
+            Removed::stored(Some(&[0xff, 0b10]), 9).is_err(),
+            "a mark past the run's end would make a live run look removed"
+        );
     }
 }

@@ -20,7 +20,7 @@
 //! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
 //!   flight; their acks then answer "already acked".
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Cursor;
 use std::ops::Bound;
 use std::ops::Range;
@@ -195,6 +195,9 @@ struct PendingApply<'a> {
     delays_removed: Vec<Vec<u8>>,
     /// Every run this apply wrote or removed messages from, by key.
     runs: BTreeMap<Vec<u8>, TouchedRun>,
+    /// Message prefixes of producers this apply forgot. Their stored runs
+    /// are all being deleted, so lookups must not bring them back.
+    forgotten: HashSet<Vec<u8>>,
     /// Policies this apply stored, in order; the shared table gets them
     /// once they are written.
     policies_set: Vec<(String, Option<String>, Policy)>,
@@ -213,6 +216,7 @@ impl<'a> PendingApply<'a> {
             delays_added: HashMap::new(),
             delays_removed: Vec::new(),
             runs: BTreeMap::new(),
+            forgotten: HashSet::new(),
             policies_set: Vec::new(),
             events: Vec::new(),
         }
@@ -335,8 +339,12 @@ impl<'a> PendingApply<'a> {
             return Ok(Some((run_key.clone(), index)));
         }
         let touched = touched.map(|(run_key, _)| run_key.clone());
-        let stored = runs::last_in(self.tree(), prefix.as_slice()..=key.as_slice())
-            .map_err(storage_error::read_state_machine)?;
+        let stored = if self.forgotten.contains(&prefix) {
+            None
+        } else {
+            runs::last_in(self.tree(), prefix.as_slice()..=key.as_slice())
+                .map_err(storage_error::read_state_machine)?
+        };
         let run_key = match (touched, stored) {
             (Some(touched), Some((stored, run))) if stored.as_ref() > touched.as_slice() => {
                 self.touch(stored, run)?
@@ -368,8 +376,12 @@ impl<'a> PendingApply<'a> {
             .map(|(run_key, _)| run_key)
             .filter(|run_key| run_key.starts_with(&prefix))
             .cloned();
-        let stored = runs::first_from(self.tree(), &key, &prefix)
-            .map_err(storage_error::read_state_machine)?;
+        let stored = if self.forgotten.contains(&prefix) {
+            None
+        } else {
+            runs::first_from(self.tree(), &key, &prefix)
+                .map_err(storage_error::read_state_machine)?
+        };
         let run_key = match (touched, stored) {
             (Some(touched), Some((stored, run))) if stored.as_ref() < touched.as_slice() => {
                 self.touch(stored, run)?
@@ -392,9 +404,13 @@ impl<'a> PendingApply<'a> {
         if touched.removed.contains(index) {
             return Ok(None);
         }
-        let message = touched.run.message(index).ok_or_else(|| {
-            storage_error::read_state_machine(runs::RunError("offsets out of order"))
-        })?;
+        let message = touched
+            .run
+            .message(index)
+            .map_err(storage_error::read_state_machine)?
+            .ok_or_else(|| {
+                storage_error::read_state_machine(runs::RunError("index past the run"))
+            })?;
         let message = message.to_vec();
         touched.removed.insert(index);
         touched.marks_changed = true;
@@ -766,6 +782,7 @@ impl<'a> PendingApply<'a> {
             let key = keys::producer(&candidate.queue, &candidate.producer);
             self.producers.remove(&key);
             self.changes.remove(key);
+            self.forget_runs(keys::message_prefix(&candidate.queue, &candidate.producer));
             self.events.push(AppliedEvent::Forgotten {
                 shard: self.shard,
                 queue: candidate.queue.clone(),
@@ -774,6 +791,28 @@ impl<'a> PendingApply<'a> {
             count += 1;
         }
         Ok(OpReply::Removed { count })
+    }
+
+    /// Drops every run of a forgotten producer from this apply. Its
+    /// messages are all removed, so its stored runs and marks are deleted
+    /// now; a run the producer starts again at the same sequence in this
+    /// apply is a new one and overwrites that deletion at commit.
+    fn forget_runs(&mut self, prefix: Vec<u8>) {
+        let run_keys: Vec<Vec<u8>> = self
+            .runs
+            .range::<[u8], _>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
+            .map(|(run_key, _)| run_key)
+            .take_while(|run_key| run_key.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for run_key in run_keys {
+            let touched = self.runs.remove(&run_key).expect("listed above");
+            if let RunBytes::Stored(_) = touched.run.into_bytes() {
+                self.changes.remove(keys::removed(&run_key));
+                self.changes.remove(run_key);
+            }
+        }
+        self.forgotten.insert(prefix);
     }
 
     fn commit(mut self, applied: &AppliedState) -> Result<Vec<AppliedEvent>, StorageError> {

@@ -612,6 +612,73 @@ async fn forgetting_an_idle_producer_tells_the_dispatcher() {
     );
 }
 
+/// One apply that acks a producer's last message, forgets it, and sees it
+/// produce again: the old run's marks sit on disk at the key the new run
+/// starts at.
+async fn forgotten_and_back_in_one_apply(fixture: &mut Fixture, new_ops: Vec<Op>) {
+    fixture.apply(vec![enqueue("p", &["old-0", "old-1"])]).await;
+    let acked = |sequence| MessageRef {
+        queue: QUEUE.into(),
+        producer: "p".into(),
+        sequence,
+    };
+    fixture.apply(vec![Op::Remove(vec![acked(0)])]).await;
+    let mut ops = vec![
+        Op::Remove(vec![acked(1)]),
+        Op::ForgetIdle(vec![IdleProducer {
+            queue: QUEUE.into(),
+            producer: "p".into(),
+            tail: 2,
+        }]),
+    ];
+    ops.extend(new_ops);
+    let reply = fixture.apply(ops).await;
+    assert_eq!(reply.replies[1], OpReply::Removed { count: 1 });
+}
+
+#[tokio::test]
+async fn producer_forgotten_and_back_in_one_apply_keeps_its_new_messages_live() {
+    let mut fixture = Fixture::new();
+    forgotten_and_back_in_one_apply(
+        &mut fixture,
+        vec![enqueue("p", &["new-0", "new-1", "new-2"])],
+    )
+    .await;
+    assert_eq!(fixture.payloads("p"), ["new-0", "new-1", "new-2"]);
+    let record = fixture
+        .state_machine
+        .reader()
+        .producer(QUEUE, "p")
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.messages, record.tail), (3, 3));
+}
+
+#[tokio::test]
+async fn producer_forgotten_and_back_and_acked_in_one_apply_leaves_no_run_behind() {
+    let mut fixture = Fixture::new();
+    forgotten_and_back_in_one_apply(
+        &mut fixture,
+        vec![
+            enqueue("p", &["new-0"]),
+            Op::Remove(vec![MessageRef {
+                queue: QUEUE.into(),
+                producer: "p".into(),
+                sequence: 0,
+            }]),
+        ],
+    )
+    .await;
+    let reader = fixture.state_machine.reader();
+    assert_eq!(reader.message(QUEUE, "p", 0).unwrap(), None);
+    assert_eq!(reader.producer(QUEUE, "p").unwrap().unwrap().messages, 0);
+    let (_, keys) = reader.digest().unwrap();
+    assert_eq!(
+        keys, 2,
+        "applied state and the producer record: no run or mark left"
+    );
+}
+
 #[tokio::test]
 async fn dead_letter_named_twice_in_one_replay_is_replayed_once() {
     let mut fixture = Fixture::new();
