@@ -19,11 +19,23 @@ use floret_chaos::{RunResult, RunSpec, Schedule, run};
 /// One cluster at a time: two on two cores would starve each other's heartbeats.
 static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// What a run should find: the suite's schedules must find nothing, the
+/// negative controls must find loss.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    NoProblems,
+    Loss,
+}
+
+/// Runs `schedule` in a temp dir, kept (and named on stderr) only when the
+/// run did not find what `expect` says, so a failing test leaves its
+/// history and node logs and a passing one leaves nothing.
 async fn run_schedule(
     schedule: Schedule,
     rounds: u32,
     start_failpoints: &str,
     workload: WorkloadSpec,
+    expect: Expect,
 ) -> RunResult {
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().expect("temp dir");
@@ -57,14 +69,25 @@ async fn run_schedule(
         result.report.fairness,
         result.observations,
     );
-    if !result.problems().is_empty() {
+    let as_expected = match expect {
+        Expect::NoProblems => result.problems().is_empty(),
+        Expect::Loss => !result.report.lost.is_empty(),
+    };
+    if !as_expected {
         eprintln!("history and node logs kept in {}", root.keep().display());
     }
     result
 }
 
 async fn passes(schedule: Schedule, rounds: u32) {
-    let result = run_schedule(schedule, rounds, "", WorkloadSpec::default()).await;
+    let result = run_schedule(
+        schedule,
+        rounds,
+        "",
+        WorkloadSpec::default(),
+        Expect::NoProblems,
+    )
+    .await;
     assert!(
         result.problems().is_empty(),
         "{}: {:#?}",
@@ -139,7 +162,14 @@ async fn crash_between_log_append_commit_apply_and_reply_loses_messages() {
     ignore = "needs floret built with --features failpoints"
 )]
 async fn produce_acknowledged_before_its_fdatasync_is_lost_in_a_power_failure() {
-    let result = run_schedule(Schedule::PowerLoss, 2, "", WorkloadSpec::default()).await;
+    let result = run_schedule(
+        Schedule::PowerLoss,
+        2,
+        "",
+        WorkloadSpec::default(),
+        Expect::NoProblems,
+    )
+    .await;
     assert!(result.problems().is_empty(), "{:#?}", result.problems());
     assert!(
         result.power_loss_dropped_bytes > 0,
@@ -165,6 +195,7 @@ async fn checker_reports_loss_when_the_log_acknowledges_without_syncing() {
         1,
         "wal-skip-sync=return",
         slow_consumers,
+        Expect::Loss,
     )
     .await;
     assert!(
@@ -185,6 +216,7 @@ async fn checker_reports_loss_when_nodes_drop_applied_entries() {
         1,
         "apply-drop-enqueue=5*return",
         WorkloadSpec::default(),
+        Expect::Loss,
     )
     .await;
     assert!(
