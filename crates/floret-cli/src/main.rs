@@ -15,7 +15,9 @@ mod status;
 use clap::{Parser, Subcommand};
 
 /// sled and the gRPC stack allocate per message; mimalloc serves that from
-/// per-thread pages instead of glibc's locked arenas.
+/// per-thread pages instead of glibc's locked arenas. It is built without
+/// transparent huge pages (`no_thp`): with them every 2 MiB region it
+/// touched stayed resident, and an idle node held 70 MiB instead of 18.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
