@@ -44,6 +44,17 @@ pub struct LoadReport {
     /// Produce request latencies.
     pub latency: Percentiles,
     pub failures: u64,
+    /// Every acknowledged request, in no particular order, for plots over time.
+    pub calls: Vec<AcknowledgedCall>,
+}
+
+/// One acknowledged produce request.
+#[derive(Debug, Clone, Copy)]
+pub struct AcknowledgedCall {
+    /// When its answer arrived.
+    pub answered: Instant,
+    pub latency: Duration,
+    pub messages: u64,
 }
 
 pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadReport> {
@@ -71,7 +82,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
         let (count, batch, producers) = (spec.count, spec.batch as u64, spec.producers as u64);
         let (deadline, counters) = (spec.deadline, spec.counters.clone());
         workers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let mut calls = Vec::new();
             let mut sent = 0u64;
             let mut failures = 0u64;
             let mut turn = 0usize;
@@ -98,7 +109,12 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                 };
                 match result {
                     Ok(_) => {
-                        latencies.push(sent_at.elapsed());
+                        let answered = Instant::now();
+                        calls.push(AcknowledgedCall {
+                            answered,
+                            latency: answered - sent_at,
+                            messages: in_batch,
+                        });
                         sent += in_batch;
                         counters.produced.fetch_add(in_batch, Ordering::Relaxed);
                     }
@@ -109,13 +125,13 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     }
                 }
             }
-            (latencies, sent, failures)
+            (calls, sent, failures)
         }));
     }
-    let (mut messages, mut failures, mut latencies) = (0, 0, Vec::new());
+    let (mut messages, mut failures, mut calls) = (0, 0, Vec::new());
     for worker in workers {
-        let (worker_latencies, sent, worker_failures) = worker.await?;
-        latencies.extend(worker_latencies);
+        let (worker_calls, sent, worker_failures) = worker.await?;
+        calls.extend(worker_calls);
         messages += sent;
         failures += worker_failures;
     }
@@ -123,8 +139,9 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
         messages,
         bytes: messages * spec.size as u64,
         elapsed: started.elapsed(),
-        latency: Percentiles::of(latencies),
+        latency: Percentiles::of(calls.iter().map(|call| call.latency).collect()),
         failures,
+        calls,
     })
 }
 

@@ -8,8 +8,9 @@
 //! - `scale` ([`scale`]): many producers with small backlogs; dispatch rate
 //!   and node memory as the producer count grows.
 //!
-//! Each prints a summary, writes `--json FILE` and, where it has a time
-//! series, `--plot FILE.svg`, and shows a live progress line on stderr.
+//! Each prints a summary, writes `--json FILE` and `--plot FILE.svg` (its
+//! rates and latencies or memory over time), and shows a live progress
+//! line on stderr.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Latency is measured in this process (produce call start to arrival at

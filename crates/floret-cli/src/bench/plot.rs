@@ -98,9 +98,10 @@ fn draw_chart(svg: &mut String, chart: &Chart, top: f64) {
     for tick in 0..=TICKS {
         let fraction = tick as f64 / TICKS as f64;
         let time = max_time * fraction;
+        let decimals = if max_time < 10.0 { 1 } else { 0 };
         let _ = writeln!(
             svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{time:.0}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{time:.decimals$}</text>"#,
             x(time),
             plot_bottom + 15.0
         );

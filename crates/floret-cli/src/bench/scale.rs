@@ -2,7 +2,8 @@
 //! producers each get `--backlog` messages; then the backlog is consumed
 //! uncapped. Reports the fill and dispatch rates and each node's resident
 //! memory before the fill, with the backlog, and after the drain, from the
-//! nodes' own status (`NodeStatus.resident_bytes`).
+//! nodes' own status (`NodeStatus.resident_bytes`). `--plot` draws the fill
+//! and drain rates and those memory readings over the whole run.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use floret_client::Client;
 use tokio::sync::watch;
 
 use super::CommonArgs;
+use super::plot::{self, Chart, Series};
 use super::progress::Progress;
 use super::sink::{Counters, Sink, SinkSpec};
+use super::stats::per_second;
 use crate::load::{self, LoadSpec};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -44,6 +47,20 @@ pub struct ScaleArgs {
     /// Give up draining a step after this long.
     #[arg(long, default_value_t = 1_800)]
     timeout_s: u64,
+    /// Draw the fill and drain rates and node memory over the whole run.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+}
+
+/// What happened when, over every step, for `--plot`.
+#[derive(Default)]
+struct Timeline {
+    /// Answer time and message count of every fill call.
+    produced: Vec<(Instant, u64)>,
+    /// Arrival of every delivery.
+    delivered: Vec<Instant>,
+    /// Each reading of the nodes' resident bytes, by node id.
+    resident: Vec<(Instant, BTreeMap<u64, u64>)>,
 }
 
 #[derive(serde::Serialize)]
@@ -62,9 +79,11 @@ struct ScaleStep {
 
 pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
     let client = Client::connect_lazy(&args.common.addr)?;
+    let run_start = Instant::now();
+    let mut timeline = Timeline::default();
     let mut steps = Vec::new();
     for &producers in &args.producers {
-        let step = run_step(&args, &client, producers).await?;
+        let step = run_step(&args, &client, producers, &mut timeline).await?;
         println!(
             "{:>9} producers, {:>9} messages: fill {:>7.0} msg/s, dispatch {:>7.0} msg/s, max node growth {:>6.0} B/producer; resident MiB per node (before / backlogged / drained): {}",
             step.producers,
@@ -82,6 +101,10 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
         );
         steps.push(step);
     }
+    if let Some(path) = &args.plot {
+        plot::write_svg(path, &charts(run_start, &timeline))?;
+        println!("plot written to {}", path.display());
+    }
     args.common
         .write_json(&serde_json::json!({"scenario": "scale", "steps": steps}))
 }
@@ -90,8 +113,9 @@ async fn run_step(
     args: &ScaleArgs,
     client: &Client,
     producers: usize,
+    timeline: &mut Timeline,
 ) -> anyhow::Result<ScaleStep> {
-    let before = resident_bytes(client).await?;
+    let before = resident_bytes(client, timeline).await?;
     let run_start = Instant::now();
     let counters = Arc::new(Counters::default());
     let messages = (producers * args.backlog.max(1)) as u64;
@@ -114,7 +138,10 @@ async fn run_step(
         },
     )
     .await?;
-    let backlogged = resident_bytes(client).await?;
+    timeline
+        .produced
+        .extend(fill.calls.iter().map(|call| (call.answered, call.messages)));
+    let backlogged = resident_bytes(client, timeline).await?;
     let (target, target_seen) = watch::channel(Some(fill.messages));
     let drain_start = Instant::now();
     let sink = Sink::start(
@@ -143,7 +170,10 @@ async fn run_step(
         .max()
         .unwrap_or_default()
         .as_secs_f64();
-    let drained = resident_bytes(client).await?;
+    timeline
+        .delivered
+        .extend(received.iter().map(|delivery| drain_start + delivery.at));
+    let drained = resident_bytes(client, timeline).await?;
     let resident_mib = before
         .iter()
         .map(|(&node, &before)| {
@@ -173,16 +203,88 @@ async fn run_step(
     })
 }
 
-/// Each reachable node's resident memory, by node id.
-async fn resident_bytes(client: &Client) -> anyhow::Result<BTreeMap<u64, u64>> {
+/// Each reachable node's resident memory, by node id; the reading is also
+/// kept in `timeline`.
+async fn resident_bytes(
+    client: &Client,
+    timeline: &mut Timeline,
+) -> anyhow::Result<BTreeMap<u64, u64>> {
     let status = client
         .cluster_status()
         .await
         .context("cannot read the cluster's status for node memory")?;
-    Ok(status
+    let resident: BTreeMap<u64, u64> = status
         .nodes
         .iter()
         .filter(|node| node.reachable)
         .map(|node| (node.node_id, node.resident_bytes))
-        .collect())
+        .collect();
+    timeline.resident.push((Instant::now(), resident.clone()));
+    Ok(resident)
+}
+
+/// Fill and drain rates per second, and each node's resident memory at
+/// every reading, over the whole run.
+fn charts(run_start: Instant, timeline: &Timeline) -> Vec<Chart> {
+    let seconds = |at: Instant| at.saturating_duration_since(run_start);
+    let end = timeline
+        .resident
+        .last()
+        .map(|(at, _)| seconds(*at))
+        .unwrap_or_default();
+    let nodes: std::collections::BTreeSet<u64> = timeline
+        .resident
+        .iter()
+        .flat_map(|(_, resident)| resident.keys().copied())
+        .collect();
+    let memory_series = nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| Series {
+            name: format!("node {node}"),
+            colour: plot::QUIET_COLOURS[index % plot::QUIET_COLOURS.len()],
+            points: timeline
+                .resident
+                .iter()
+                .filter_map(|(at, resident)| {
+                    let bytes = resident.get(node)?;
+                    Some((seconds(*at).as_secs_f64(), *bytes as f64 / MIB))
+                })
+                .collect(),
+        })
+        .collect();
+    vec![
+        Chart {
+            title: "messages per second: each step's fill, then its drain".into(),
+            value_label: "messages/s".into(),
+            logarithmic: false,
+            series: vec![
+                Series {
+                    name: "produced".into(),
+                    colour: plot::QUIET_COLOURS[0],
+                    points: per_second(
+                        timeline
+                            .produced
+                            .iter()
+                            .map(|(at, messages)| (seconds(*at), *messages as f64)),
+                        end,
+                    ),
+                },
+                Series {
+                    name: "delivered".into(),
+                    colour: plot::FLOOD_COLOURS[0],
+                    points: per_second(
+                        timeline.delivered.iter().map(|at| (seconds(*at), 1.0)),
+                        end,
+                    ),
+                },
+            ],
+        },
+        Chart {
+            title: "node resident memory before each fill, backlogged, drained".into(),
+            value_label: "MiB".into(),
+            logarithmic: false,
+            series: memory_series,
+        },
+    ]
 }

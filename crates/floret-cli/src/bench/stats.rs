@@ -188,9 +188,84 @@ impl FairnessSummary {
     }
 }
 
+/// The rate of `(time, amount)` events in each whole second from the start
+/// to `end`: one point (second, amount per second) for every second, so a
+/// rate that drops to nothing shows as zero, not as a gap. Events after
+/// `end` are left out; the last, partial second is scaled to a full one,
+/// or left out when it covers under a tenth of a second.
+pub fn per_second(
+    events: impl IntoIterator<Item = (Duration, f64)>,
+    end: Duration,
+) -> Vec<(f64, f64)> {
+    let mut sums = vec![0.0; end.as_secs_f64().ceil() as usize];
+    for (at, amount) in events {
+        if at <= end
+            && let Some(sum) = sums.get_mut(at.as_secs() as usize)
+        {
+            *sum += amount;
+        }
+    }
+    let last_covered = end.as_secs_f64() - end.as_secs() as f64;
+    if last_covered > 0.0 && last_covered < 0.1 {
+        sums.pop();
+    } else if last_covered > 0.0
+        && let Some(last) = sums.last_mut()
+    {
+        *last /= last_covered;
+    }
+    sums.into_iter()
+        .enumerate()
+        .map(|(second, sum)| (second as f64, sum))
+        .collect()
+}
+
+/// Latency percentiles of `(time, latency)` samples grouped by the whole
+/// second they fall in, for the seconds that have samples.
+pub fn percentiles_per_second(
+    samples: impl IntoIterator<Item = (Duration, Duration)>,
+) -> Vec<(f64, Percentiles)> {
+    let mut by_second: BTreeMap<u64, Vec<Duration>> = BTreeMap::new();
+    for (at, latency) in samples {
+        by_second.entry(at.as_secs()).or_default().push(latency);
+    }
+    by_second
+        .into_iter()
+        .map(|(second, latencies)| (second as f64, Percentiles::of(latencies)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_summed_in_the_second_they_fall_in_and_quiet_seconds_are_zero() {
+        let events = [(0.2, 5.0), (0.9, 1.0), (2.25, 3.0), (2.75, 9.0)]
+            .map(|(at, amount)| (Duration::from_secs_f64(at), amount));
+        assert_eq!(
+            per_second(events, Duration::from_secs_f64(2.5)),
+            [(0.0, 6.0), (1.0, 0.0), (2.0, 6.0)],
+            "the half second at the end holds 3, a rate of 6; the event after the end is left out"
+        );
+        assert_eq!(
+            per_second(events, Duration::from_secs_f64(2.05)),
+            [(0.0, 6.0), (1.0, 0.0)],
+            "a last second of 50 ms is too short to give a rate"
+        );
+        assert!(per_second([], Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn latency_percentiles_are_taken_per_second_with_samples() {
+        let ms = Duration::from_millis;
+        let samples = [(ms(100), ms(10)), (ms(900), ms(30)), (ms(3_100), ms(7))];
+        let per_second = percentiles_per_second(samples);
+        let seconds: Vec<f64> = per_second.iter().map(|(second, _)| *second).collect();
+        assert_eq!(seconds, [0.0, 3.0]);
+        assert_eq!(per_second[0].1.count, 2);
+        assert_eq!(per_second[0].1.max_ms, 30.0);
+        assert_eq!(per_second[1].1.p50_ms, 7.0);
+    }
 
     fn ms(milliseconds: u64) -> Duration {
         Duration::from_millis(milliseconds)

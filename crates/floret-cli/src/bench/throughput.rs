@@ -2,7 +2,8 @@
 //! messages per call with `--concurrency` calls in flight for
 //! `--duration-s`, while `--consumers` uncapped consumers read and ack.
 //! Reports produce and consume messages and megabytes per second, and
-//! produce call latency percentiles.
+//! produce call latency percentiles; `--plot` draws the rates and the call
+//! latency per second of the run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,10 +11,12 @@ use std::time::{Duration, Instant};
 use floret_client::Client;
 use tokio::sync::watch;
 
+use super::plot::{self, Chart, Series};
 use super::progress::Progress;
-use super::sink::{Counters, Sink, SinkSpec};
+use super::sink::{Counters, Received, Sink, SinkSpec};
+use super::stats::{per_second, percentiles_per_second};
 use super::{CommonArgs, Percentiles};
-use crate::load::{self, LoadSpec};
+use crate::load::{self, AcknowledgedCall, LoadSpec};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ThroughputArgs {
@@ -43,6 +46,9 @@ pub struct ThroughputArgs {
     /// Acks per ack request.
     #[arg(long, default_value_t = 64)]
     ack_batch: usize,
+    /// Draw produce and consume rates and produce call latency over time.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
 }
 
 #[derive(serde::Serialize)]
@@ -145,5 +151,62 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         "  consume {:>9.0} msg/s {:>7.2} MB/s  ({} consumers)",
         report.consume_rate, report.consume_megabytes_per_second, report.consumers
     );
+    if let Some(path) = &args.plot {
+        plot::write_svg(path, &charts(run_start, &load.calls, &received))?;
+        println!("plot written to {}", path.display());
+    }
     args.common.write_json(&report)
+}
+
+/// Messages produced (by when their call was answered) and consumed per
+/// second, and the produce calls' p50 and p99 latency per second.
+fn charts(run_start: Instant, calls: &[AcknowledgedCall], received: &[Received]) -> Vec<Chart> {
+    let since_start = |call: &AcknowledgedCall| call.answered.saturating_duration_since(run_start);
+    let end = calls.iter().map(since_start).max().unwrap_or_default();
+    let produced = per_second(
+        calls
+            .iter()
+            .map(|call| (since_start(call), call.messages as f64)),
+        end,
+    );
+    let consumed = per_second(received.iter().map(|delivery| (delivery.at, 1.0)), end);
+    let latency =
+        percentiles_per_second(calls.iter().map(|call| (since_start(call), call.latency)));
+    let latency_series = |name: &str, colour, pick: fn(&Percentiles) -> f64| Series {
+        name: name.into(),
+        colour,
+        points: latency
+            .iter()
+            .map(|(second, percentiles)| (*second, pick(percentiles)))
+            .collect(),
+    };
+    vec![
+        Chart {
+            title: "messages per second".into(),
+            value_label: "messages/s".into(),
+            logarithmic: false,
+            series: vec![
+                Series {
+                    name: "produced".into(),
+                    colour: plot::QUIET_COLOURS[0],
+                    points: produced,
+                },
+                Series {
+                    name: "consumed".into(),
+                    colour: plot::QUIET_COLOURS[1],
+                    points: consumed,
+                },
+            ],
+        },
+        Chart {
+            title: "produce call latency by the second it was answered".into(),
+            value_label: "ms (log)".into(),
+            logarithmic: true,
+            series: vec![
+                latency_series("p50", plot::QUIET_COLOURS[0], |p| p.p50_ms),
+                latency_series("p99", plot::FLOOD_COLOURS[0], |p| p.p99_ms),
+                latency_series("max", plot::FLOOD_COLOURS[2], |p| p.max_ms),
+            ],
+        },
+    ]
 }
