@@ -331,11 +331,8 @@ impl ShardReader {
             let skip = from.saturating_sub(first) as usize;
             if let Some(index) = (skip..run.len()).find(|&index| !removed.contains(index)) {
                 let bytes = run
-                    .message(index)
-                    .map_err(storage_error::read_state_machine)?
-                    .ok_or_else(|| {
-                        storage_error::read_state_machine(runs::RunError("index past the run"))
-                    })?;
+                    .message_within(index)
+                    .map_err(storage_error::read_state_machine)?;
                 let message =
                     decode("message", bytes).map_err(storage_error::read_state_machine)?;
                 return Ok(Some((first + index as u64, message)));

@@ -136,6 +136,13 @@ impl<B: AsRef<[u8]>> Run<B> {
             .ok_or(RunError("offsets out of order"))
     }
 
+    /// The stored encoding of message `index`, which the caller found in
+    /// the run (a live index from its marks): a missing one is corruption.
+    pub(crate) fn message_within(&self, index: usize) -> Result<&[u8], RunError> {
+        self.message(index)?
+            .ok_or(RunError("a message index past the run"))
+    }
+
     fn end(&self, index: usize) -> usize {
         let at = 4 + 4 * index;
         let end: [u8; 4] = self.bytes.as_ref()[at..at + 4]
@@ -274,6 +281,11 @@ mod tests {
             assert_eq!(run.message(index).unwrap(), Some(message.as_slice()));
         }
         assert_eq!(run.message(3).unwrap(), None);
+        assert_eq!(run.message_within(2).unwrap(), b"ccc");
+        assert!(
+            run.message_within(3).is_err(),
+            "an index the marks call live but the run lacks is corruption"
+        );
     }
 
     #[test]

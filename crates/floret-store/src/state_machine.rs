@@ -406,11 +406,8 @@ impl<'a> PendingApply<'a> {
         }
         let message = touched
             .run
-            .message(index)
-            .map_err(storage_error::read_state_machine)?
-            .ok_or_else(|| {
-                storage_error::read_state_machine(runs::RunError("index past the run"))
-            })?;
+            .message_within(index)
+            .map_err(storage_error::read_state_machine)?;
         let message = message.to_vec();
         touched.removed.insert(index);
         touched.marks_changed = true;
