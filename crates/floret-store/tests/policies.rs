@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use floret_store::policy::{Overflow, Policy};
+use floret_store::records::ProducerRecord;
 use floret_store::{
     AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection,
     DelayedEnqueue, Discard, Discarded, Enqueue, IdleProducer, MessageRef, NewMessage, Op, OpReply,
@@ -96,9 +97,18 @@ impl Fixture {
             .remove(0)
     }
 
+    /// The producer's stored record; it must have one.
+    fn record(&self, producer: &str) -> ProducerRecord {
+        self.state_machine
+            .reader()
+            .producer(QUEUE, producer)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{producer} has no record"))
+    }
+
     fn payloads(&self, producer: &str) -> Vec<String> {
         let reader = self.state_machine.reader();
-        let record = reader.producer(QUEUE, producer).unwrap().unwrap();
+        let record = self.record(producer);
         (0..record.tail)
             .filter_map(|sequence| reader.message(QUEUE, producer, sequence).unwrap())
             .map(|message| String::from_utf8(message.payload).unwrap())
@@ -165,12 +175,7 @@ async fn drop_oldest_keeps_exactly_the_newest_max_messages() {
         .apply(vec![enqueue("p", &["2", "3"]), enqueue("p", &["4", "5"])])
         .await;
     assert_eq!(fixture.payloads("p"), ["3", "4", "5"]);
-    let record = fixture
-        .state_machine
-        .reader()
-        .producer(QUEUE, "p")
-        .unwrap()
-        .unwrap();
+    let record = fixture.record("p");
     assert_eq!((record.messages, record.head, record.tail), (3, 3, 6));
     let dropped: Vec<u64> = fixture
         .events
@@ -190,13 +195,7 @@ async fn max_bytes_with_drop_oldest_counts_stored_bytes() {
     let mut fixture = Fixture::new();
     let one = fixture.apply(vec![enqueue("probe", &["x"])]).await;
     assert!(matches!(one.replies[0], OpReply::Enqueued { .. }));
-    let message_bytes = fixture
-        .state_machine
-        .reader()
-        .producer(QUEUE, "probe")
-        .unwrap()
-        .unwrap()
-        .bytes;
+    let message_bytes = fixture.record("probe").bytes;
     let policy = Policy {
         max_bytes: Some(2 * message_bytes),
         overflow: Some(Overflow::DropOldest),
@@ -645,12 +644,7 @@ async fn producer_forgotten_and_back_in_one_apply_keeps_its_new_messages_live() 
     )
     .await;
     assert_eq!(fixture.payloads("p"), ["new-0", "new-1", "new-2"]);
-    let record = fixture
-        .state_machine
-        .reader()
-        .producer(QUEUE, "p")
-        .unwrap()
-        .unwrap();
+    let record = fixture.record("p");
     assert_eq!((record.messages, record.tail), (3, 3));
 }
 
