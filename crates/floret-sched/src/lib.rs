@@ -1,7 +1,7 @@
 //! Fair scheduling for one queue: which producer's message goes out next, and
 //! which delivered messages are still leased to a consumer.
 //!
-//! floret-sched owns the in-node level of fairness described in DESIGN.md
+//! floret-sched owns the in-node level of fairness described in docs/design.md
 //! ("Fairness, two levels"): deficit round robin across the producers that
 //! have deliverable messages, each getting `weight` messages per turn, in
 //! priority tiers (a higher tier first), with an optional limit of leases per

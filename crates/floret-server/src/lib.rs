@@ -5,7 +5,7 @@
 //! `floret serve` builds a [`Config`], binds a listener and runs a [`Node`]:
 //! produce requests are validated ([`request`]), placed on a shard, folded
 //! into a raft entry by that shard's proposer and answered once applied;
-//! the state machines report new messages to the [`dispatcher`], which hands
+//! the state machines report new messages to the dispatcher ([`deliver`]), which hands
 //! them to consumers in deficit-round-robin order across producers.
 //!
 //! In a cluster any node takes any request: produces are forwarded to their
@@ -28,8 +28,8 @@
 pub mod backpressure;
 pub mod commit;
 pub mod config;
+pub mod deliver;
 pub mod delivery_id;
-pub mod dispatcher;
 mod idle;
 mod load_view;
 mod node;

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
-use crate::dispatcher::DispatcherHandle;
+use crate::deliver::DispatcherHandle;
 
 /// How often backlog bytes are summed from the durable producer records.
 const BYTES_REFRESH: Duration = Duration::from_secs(2);

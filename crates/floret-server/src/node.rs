@@ -34,7 +34,7 @@ use tonic_health::server::HealthReporter;
 use crate::backpressure::Backpressure;
 use crate::commit::Committer;
 use crate::config::Config;
-use crate::dispatcher::{self, DispatcherHandle};
+use crate::deliver::{self, DispatcherHandle};
 use crate::idle;
 use crate::load_view::LoadView;
 use crate::proposer::{Proposers, ShardProposer};
@@ -110,7 +110,7 @@ impl Node {
         let address = listener.local_addr().map_err(NodeError::Listener)?;
         let database = Database::open_with_cache(&config.data_dir, config.storage.cache_bytes)?;
         let peers = Arc::new(Peers::new(config.node_id, config.members(address))?);
-        let (dispatcher, dispatcher_inbox) = dispatcher::channel();
+        let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
         let listener_fn: floret_store::AppliedListener =
             Arc::new(move |event| applied_to_dispatcher.applied(event));
@@ -135,7 +135,7 @@ impl Node {
                 })
                 .collect(),
         );
-        dispatcher::spawn(
+        deliver::spawn(
             (dispatcher.clone(), dispatcher_inbox),
             (0..config.shards)
                 .map(|shard| shards.group(shard).map(|group| group.reader.clone()))

@@ -8,7 +8,7 @@ use floret_store::NewMessage;
 use tonic::Status;
 
 use crate::config::Limits;
-use crate::dispatcher::SettleKind;
+use crate::deliver::SettleKind;
 
 /// Queue used when a request leaves the name empty.
 pub const DEFAULT_QUEUE: &str = "default";

@@ -26,11 +26,11 @@ use std::sync::Arc;
 use floret_cluster::Shards;
 use floret_proto::peer::v1::PeerSettleRequest;
 use floret_store::{DeadLetterReason, Discard, Discarded, MessageRef, NodeId, Op, ShardId};
-use tonic::Code;
 
+use crate::deliver::{DispatcherHandle, DispatcherStopped, SettleCode, SettleKind, SettleOutcome};
 use crate::delivery_id::DeliveryId;
-use crate::dispatcher::{DispatcherHandle, DispatcherStopped, SettleKind, SettleOutcome};
 use crate::proposer::Proposers;
+use crate::service::convert;
 
 /// How long settling on another node may take.
 const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -160,7 +160,7 @@ impl Settler {
                 Ok(()) => removed.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
                 Err(error) => {
                     for index in indexes {
-                        outcomes[index].code = Code::Unavailable;
+                        outcomes[index].code = SettleCode::Unavailable;
                         outcomes[index].message = format!(
                             "the settle was not made durable ({error}); the message will be delivered again"
                         );
@@ -208,7 +208,7 @@ impl Settler {
                 .into_iter()
                 .map(|outcome| SettleOutcome {
                     delivery_id: outcome.delivery_id,
-                    code: Code::from_i32(outcome.code),
+                    code: convert::settle_code_from_wire(outcome.code),
                     message: outcome.message,
                     removal: None,
                 })
@@ -223,7 +223,7 @@ fn unreachable_outcomes(ids: Vec<String>, node: NodeId, why: &str) -> Vec<Settle
     ids.into_iter()
         .map(|delivery_id| SettleOutcome {
             delivery_id,
-            code: Code::Unavailable,
+            code: SettleCode::Unavailable,
             message: format!(
                 "the shard's leader (node {node}) could not settle it: {why}; an unacked message is delivered again"
             ),

@@ -31,8 +31,8 @@ use tonic::{Request, Response, Status};
 
 use super::{now_unix_ms, status};
 use crate::commit::Committer;
-use crate::dispatcher::DispatcherHandle;
-use crate::dispatcher::fairness::WINDOW_SECONDS;
+use crate::deliver::DispatcherHandle;
+use crate::deliver::fairness::WINDOW_SECONDS;
 use crate::request;
 use floret_sched::jain_index;
 

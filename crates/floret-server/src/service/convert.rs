@@ -1,8 +1,11 @@
-//! Conversions between the dispatcher's domain values and `floret.v1` messages.
+//! Conversions between the dispatcher's domain values and `floret.v1` and
+//! `floret.peer.v1` messages.
 
 use floret_proto::v1;
 
-use crate::dispatcher::{ConsumerEvent, Delivered, SettleOutcome};
+use tonic::Code;
+
+use crate::deliver::{ConsumerEvent, Delivered, SettleCode, SettleOutcome};
 
 /// A delivery as the consumer receives it.
 pub fn delivery(delivered: Delivered) -> v1::Delivery {
@@ -23,7 +26,7 @@ pub fn delivery(delivered: Delivered) -> v1::Delivery {
 pub fn settle_outcome(outcome: SettleOutcome) -> v1::SettleOutcome {
     v1::SettleOutcome {
         delivery_id: outcome.delivery_id,
-        code: outcome.code as i32,
+        code: settle_code(outcome.code) as i32,
         message: outcome.message,
     }
 }
@@ -42,5 +45,28 @@ pub fn consume_response(event: ConsumerEvent) -> v1::ConsumeResponse {
     };
     v1::ConsumeResponse {
         response: Some(response),
+    }
+}
+
+/// The gRPC status code of a settle outcome.
+pub fn settle_code(code: SettleCode) -> Code {
+    match code {
+        SettleCode::Ok => Code::Ok,
+        SettleCode::InvalidArgument => Code::InvalidArgument,
+        SettleCode::NotFound => Code::NotFound,
+        SettleCode::FailedPrecondition => Code::FailedPrecondition,
+        SettleCode::Unavailable => Code::Unavailable,
+    }
+}
+
+/// A settle outcome's code as a peer sent it; a code no node sends is
+/// taken as UNAVAILABLE (the message is delivered again if not settled).
+pub fn settle_code_from_wire(code: i32) -> SettleCode {
+    match Code::from_i32(code) {
+        Code::Ok => SettleCode::Ok,
+        Code::InvalidArgument => SettleCode::InvalidArgument,
+        Code::NotFound => SettleCode::NotFound,
+        Code::FailedPrecondition => SettleCode::FailedPrecondition,
+        _ => SettleCode::Unavailable,
     }
 }

@@ -44,7 +44,7 @@ use tonic::{Status, Streaming};
 
 use super::credit_split::CreditSplit;
 use super::{convert, status};
-use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::request;
 use crate::settle::Settler;
 

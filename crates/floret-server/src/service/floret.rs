@@ -33,7 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, fan_in, now_unix_ms, status};
 use crate::backpressure::Backpressure;
 use crate::config::Limits;
-use crate::dispatcher::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleCode, SettleKind};
 use crate::policy::{self, RateLimiter};
 use crate::proposer::Proposers;
 use crate::request;
@@ -313,11 +313,11 @@ impl v1::floret_server::Floret for FloretService {
             .map_err(status::from_stopped)?;
         let failed: Vec<_> = outcomes
             .iter()
-            .filter(|o| o.code != tonic::Code::Ok)
+            .filter(|o| o.code != SettleCode::Ok)
             .collect();
         if let Some(first) = failed.first() {
             return Err(Status::new(
-                first.code,
+                convert::settle_code(first.code),
                 format!(
                     "{} of {total} deliveries not acked (the others were); first: {}: {}",
                     failed.len(),

@@ -1,7 +1,7 @@
 //! The node's gRPC services and the conversions at their edge.
 
 pub mod admin;
-mod convert;
+pub(crate) mod convert;
 mod credit_split;
 pub(crate) mod fan_in;
 pub mod floret;

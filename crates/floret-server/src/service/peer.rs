@@ -34,7 +34,8 @@ use tokio::sync::{mpsc, watch};
 use tonic::Streaming;
 use tonic::{Request, Response, Status};
 
-use crate::dispatcher::{DispatcherHandle, SettleKind};
+use super::convert;
+use crate::deliver::{DispatcherHandle, SettleKind};
 use crate::proposer::Proposers;
 use crate::settle::Settler;
 
@@ -269,7 +270,7 @@ impl Peer for PeerService {
                 .into_iter()
                 .map(|outcome| v1::PeerSettleOutcome {
                     delivery_id: outcome.delivery_id,
-                    code: outcome.code as i32,
+                    code: convert::settle_code(outcome.code) as i32,
                     message: outcome.message,
                 })
                 .collect(),

@@ -2,7 +2,7 @@
 
 use tonic::Status;
 
-use crate::dispatcher::DispatcherStopped;
+use crate::deliver::DispatcherStopped;
 use crate::proposer::ProposeError;
 
 /// Metadata key carrying how long a client should wait before retrying, in ms.

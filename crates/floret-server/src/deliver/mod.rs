@@ -1,44 +1,34 @@
-//! The node's dispatcher: per queue, a deficit-round-robin scheduler over
-//! the backlogged producers of the shards this node leads, and the consumers
-//! subscribed to that queue with their credits.
+//! Delivering messages: the node's dispatcher. Per queue, a
+//! deficit-round-robin scheduler over the backlogged producers of the shards
+//! this node leads, and the consumers subscribed to that queue with their
+//! credits.
 //!
-//! One task owns all of it and is driven by [`DispatcherHandle`] commands:
-//! applied events from the state machines (new messages), leadership
-//! changes, subscriptions, credits, acks and nacks, and its own lease timer.
+//! - [`book`]: the pure core, [`book::DispatchBook`]. Every decision
+//!   (credits, leases, holders, held messages, redeliveries, discards) is
+//!   made there, from events and the time passed in.
+//! - `actor.rs`: the task around the book, driven by [`DispatcherHandle`]
+//!   commands: applied events from the state machines, leadership changes,
+//!   subscriptions, credits, acks and nacks, and its own timer.
+//! - [`fairness`]: recent deliveries and dwell times per producer.
+//!
 //! Payloads are read from the shard's state machine at dispatch; memory holds
 //! counters per backlogged producer and one lease per message in flight.
 //! An ack is checked against its lease here; [`crate::settle`] then removes
 //! the message through raft and only then ends the lease.
-//!
-//! Policies: each producer is scheduled with the weight, tier and in-flight
-//! limit of its policy (read from its shard's replicated policies, updated as
-//! they change). At dispatch a message past its TTL or its `max_attempts` is
-//! not delivered: it is discarded through raft (dead-lettered or dropped)
-//! while its lease is held, and the lease ends once that commits.
-//!
-//! Delayed messages: one that comes up for dispatch before its time is held
-//! back in the scheduler (neither ready nor leased) and put on a timer; the
-//! other producers, and the producer's own later messages, go on meanwhile.
 //!
 //! Ordering matters: state-machine events and consumer commands share one
 //! channel, so an event applied before a rebuild is handled before any ack of
 //! a message the rebuild delivered.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Leases live in memory: after a restart every unacked message is
-//!   delivered again (attempt numbering starts over).
-//! - TTL and attempts are checked when a message comes up for dispatch: an
-//!   expired message waits on disk until then (no sweeper yet), which needs
-//!   a consumer with credit.
-//! - A delayed message held back costs a timer entry and a map entry in
-//!   memory until its time; a producer with a million delayed messages
-//!   holds a million of each once they come up.
-//! - Consumers of a queue get deliveries from this node only (one node).
+//! - The channels to consumer streams are unbounded; a consumer's credits
+//!   bound what it is sent, redeliveries included.
+//! - Consumers of a queue get deliveries from this node's book only; the
+//!   fan-in (`service/fan_in.rs`) merges the nodes.
 
 mod actor;
+pub mod book;
 pub mod fairness;
-mod queue;
-
 use std::collections::HashMap;
 
 use floret_store::records::StoredMessage;
@@ -72,13 +62,28 @@ pub enum SettleKind {
     DeadLetter,
 }
 
+/// How settling one delivery id ended; the gRPC services map it onto a status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleCode {
+    /// Settled (or, for an ack, already acked).
+    Ok,
+    /// The id is malformed.
+    InvalidArgument,
+    /// No such shard or message, or no replica here.
+    NotFound,
+    /// The lease is not live: it lapsed, was settled, or its leader changed.
+    FailedPrecondition,
+    /// The shard could not be read or its leader reached: try again.
+    Unavailable,
+}
+
 /// The outcome of settling one delivery id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SettleOutcome {
     /// The id as the consumer sent it.
     pub delivery_id: String,
-    /// OK, NOT_FOUND, FAILED_PRECONDITION or INVALID_ARGUMENT.
-    pub code: tonic::Code,
+    /// Whether it was settled, and if not why.
+    pub code: SettleCode,
     /// Why, when not OK.
     pub message: String,
     /// For a fresh ack (or nack to the dead letters): the delivery whose

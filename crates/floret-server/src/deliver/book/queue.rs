@@ -1,4 +1,4 @@
-//! One queue inside the dispatcher: its scheduler, its consumers in
+//! One queue inside the dispatch book: its scheduler, its consumers in
 //! round-robin order, who holds which lease, and its counters.
 
 use std::collections::{HashMap, VecDeque};
@@ -7,8 +7,8 @@ use std::sync::Arc;
 use floret_sched::{Scheduler, SchedulerConfig};
 use floret_store::ShardId;
 
-use super::ConsumerId;
-use super::fairness::FairnessWindow;
+use crate::deliver::ConsumerId;
+use crate::deliver::fairness::FairnessWindow;
 
 /// A producer as the dispatcher schedules it: the shard is part of the key so
 /// a message is read from the right shard without recomputing placement.
@@ -16,6 +16,15 @@ use super::fairness::FairnessWindow;
 pub(super) struct ProducerKey {
     pub shard: ShardId,
     pub producer: Arc<str>,
+}
+
+impl ProducerKey {
+    pub fn new(shard: ShardId, producer: &str) -> Self {
+        Self {
+            shard,
+            producer: producer.into(),
+        }
+    }
 }
 
 /// A delayed message held back until its time, in the dispatcher's timer heap.

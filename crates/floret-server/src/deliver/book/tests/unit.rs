@@ -1,0 +1,178 @@
+//! Single decisions of the dispatch book, each named after the bug it prevents.
+
+use std::time::Duration;
+
+use floret_store::policy::Policy;
+
+use super::{Harness, LEASE_TIMEOUT, MAX_CREDITS};
+use crate::deliver::book::pump::DISCARDS_PER_PUMP;
+use crate::deliver::{SettleCode, SettleKind};
+use crate::delivery_id::DeliveryId;
+
+fn id(producer: &str, sequence: u64, attempt: u32) -> DeliveryId {
+    DeliveryId {
+        shard: 0,
+        queue: "q".to_owned(),
+        producer: producer.to_owned(),
+        sequence,
+        attempt,
+    }
+}
+
+fn led_harness() -> Harness {
+    let mut harness = Harness::new(1);
+    harness.leadership(0, true);
+    harness
+}
+
+#[test]
+fn acked_message_is_not_redelivered_while_its_removal_commits() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    let consumer = harness.subscribe("q", 2);
+    assert_eq!(harness.take_deliveries(), vec![(consumer, id("a", 0, 1))]);
+    let outcome = harness.settle(SettleKind::Ack, &id("a", 0, 1), false);
+    assert_eq!(outcome.code, SettleCode::Ok);
+    assert_eq!(outcome.removal, Some(id("a", 0, 1)));
+    harness.advance(LEASE_TIMEOUT - Duration::from_millis(1));
+    assert!(harness.take_deliveries().is_empty());
+    let now = harness.now();
+    harness.book.removal_committed(&[id("a", 0, 1)], true, now);
+    harness.advance(LEASE_TIMEOUT);
+    assert!(
+        harness.take_deliveries().is_empty(),
+        "an acked lease came back"
+    );
+}
+
+#[test]
+fn settle_tells_a_message_that_never_existed_from_an_acked_one() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe("q", 1);
+    harness.take_deliveries();
+    assert_eq!(
+        harness.settle(SettleKind::Ack, &id("a", 0, 1), true).code,
+        SettleCode::Ok
+    );
+    let again = harness.settle(SettleKind::Ack, &id("a", 0, 1), true);
+    assert_eq!(
+        (again.code, again.message.as_str()),
+        (SettleCode::Ok, "already acked")
+    );
+    let nack = harness.settle(SettleKind::Nack, &id("a", 0, 1), true);
+    assert_eq!(nack.code, SettleCode::FailedPrecondition);
+    let never = harness.settle(SettleKind::Ack, &id("a", 5, 1), true);
+    assert_eq!(never.code, SettleCode::NotFound);
+    let unknown_producer = harness.settle(SettleKind::Ack, &id("zz", 0, 1), true);
+    assert_eq!(unknown_producer.code, SettleCode::NotFound);
+}
+
+#[test]
+fn ack_of_a_lapsed_attempt_does_not_settle_the_redelivery() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    let consumer = harness.subscribe("q", 2);
+    harness.take_deliveries();
+    harness.advance(LEASE_TIMEOUT);
+    assert_eq!(harness.take_deliveries(), vec![(consumer, id("a", 0, 2))]);
+    let late = harness.settle(SettleKind::Ack, &id("a", 0, 1), true);
+    assert_eq!(late.code, SettleCode::FailedPrecondition);
+    assert!(harness.stored(0, "q", "a", 0));
+}
+
+#[test]
+fn settle_after_losing_the_shard_is_refused_not_applied() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe("q", 1);
+    harness.take_deliveries();
+    harness.leadership(0, false);
+    let outcome = harness.settle(SettleKind::Ack, &id("a", 0, 1), true);
+    assert_eq!(outcome.code, SettleCode::FailedPrecondition);
+    assert_eq!(outcome.removal, None);
+    let malformed = harness
+        .book
+        .settle(SettleKind::Ack, vec![Err("x".to_owned())], harness.now());
+    assert_eq!(malformed[0].code, SettleCode::InvalidArgument);
+    let no_shard = DeliveryId {
+        shard: 9,
+        ..id("a", 0, 1)
+    };
+    let outcome = harness.settle(SettleKind::Ack, &no_shard, true);
+    assert_eq!(outcome.code, SettleCode::NotFound);
+}
+
+#[test]
+fn credits_granted_past_the_maximum_are_capped() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", u64::from(MAX_CREDITS) + 5, None);
+    harness.subscribe("q", MAX_CREDITS + 500);
+    assert_eq!(harness.take_deliveries().len(), MAX_CREDITS as usize);
+}
+
+#[test]
+fn closed_stream_hands_its_message_to_the_next_consumer() {
+    let mut harness = led_harness();
+    let first = harness.subscribe("q", 1);
+    let second = harness.subscribe("q", 1);
+    harness.close(first);
+    harness.produce(0, "q", "a", 1, None);
+    assert_eq!(harness.take_deliveries(), vec![(second, id("a", 0, 2))]);
+}
+
+#[test]
+fn a_backlog_expired_in_an_outage_is_discarded_in_bounded_steps() {
+    let mut harness = led_harness();
+    let count = DISCARDS_PER_PUMP as u64 + 10;
+    harness.produce(0, "q", "a", count, None);
+    let ttl = Policy {
+        ttl_ms: Some(1_000),
+        ..Policy::default()
+    };
+    harness.set_policy(0, "q", None, ttl);
+    harness.advance(Duration::from_secs(2));
+    harness.subscribe("q", 5);
+    let first: usize = harness.pending_discards.iter().map(|d| d.ids.len()).sum();
+    assert_eq!(first, DISCARDS_PER_PUMP);
+    assert_eq!(harness.commit_discards(), DISCARDS_PER_PUMP);
+    assert_eq!(harness.commit_discards(), 10, "the commit pumps the rest");
+    assert_eq!(harness.stored_count(), 0);
+    assert!(harness.take_deliveries().is_empty());
+}
+
+#[test]
+fn outbox_counts_deliveries_and_lapsed_leases() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 3, None);
+    harness.subscribe("q", 3);
+    harness.take_deliveries();
+    let outbox = harness.book.take_outbox();
+    assert_eq!(
+        (outbox.deliveries, outbox.lease_expiries),
+        (0, 0),
+        "taken by the harness"
+    );
+    let now = harness.now();
+    let later = super::Now {
+        instant: now.instant + LEASE_TIMEOUT,
+        unix_ms: now.unix_ms + LEASE_TIMEOUT.as_millis() as u64,
+    };
+    harness.book.tick(later);
+    let outbox = harness.book.take_outbox();
+    assert_eq!(outbox.lease_expiries, 3);
+    assert_eq!(outbox.deliveries, 0, "the consumer has no credit left");
+}
+
+#[test]
+fn next_deadline_is_the_earliest_lease_or_held_message() {
+    let mut harness = led_harness();
+    assert_eq!(harness.book.next_deadline(harness.now()), None);
+    harness.produce(0, "q", "a", 1, Some(5_000));
+    harness.subscribe("q", 1);
+    let now = harness.now();
+    assert_eq!(
+        harness.book.next_deadline(now),
+        Some(now.instant + Duration::from_secs(5))
+    );
+}
