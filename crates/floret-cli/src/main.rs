@@ -6,7 +6,6 @@ mod bench;
 mod consume;
 mod dead_letters;
 mod dev;
-mod load;
 mod policy;
 mod produce;
 mod serve;

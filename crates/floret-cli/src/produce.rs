@@ -1,5 +1,5 @@
 //! `floret produce`: messages from arguments or stdin lines, or a generated
-//! load (`--count`) through [`crate::load`].
+//! load (`--count`) through [`crate::bench::load`].
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -8,7 +8,7 @@ use anyhow::Context;
 use floret_client::{Client, Message};
 
 use crate::DEFAULT_ADDRESS;
-use crate::load::{self, LoadSpec};
+use crate::bench::load::{self, LoadSpec};
 
 #[derive(clap::Args)]
 pub struct ProduceArgs {

@@ -140,7 +140,7 @@ impl Database {
         let wal = Arc::new(Wal::open(&dir.join("raft-log")).map_err(io_error)?);
         #[cfg(feature = "failpoints")]
         if power_lost {
-            crate::failpoints::check_power_loss_sound(&wal).map_err(io_error)?;
+            crate::failpoints::check_power_loss_sound(wal.has_purged()).map_err(io_error)?;
         }
         let log = wal.clone();
         let (flusher, flusher_thread) = Flusher::start(move || log.sync()).map_err(io_error)?;

@@ -7,6 +7,8 @@
 //!   latency for a given load.
 //! - `scale` ([`scale`]): many producers with small backlogs; dispatch rate
 //!   and node memory as the producer count grows.
+//! - [`load`]: the produce load generator that `throughput`, `scale` and
+//!   `floret produce --count` drive.
 //!
 //! Each prints a summary, writes `--json FILE` and `--plot FILE.svg` (its
 //! rates and latencies or memory over time), and shows a live progress
@@ -17,6 +19,7 @@
 //!   a consumer), so the client's own scheduling is part of it.
 //! - Fairness assumes every producer has weight 1.
 
+pub(crate) mod load;
 mod noisy;
 mod plot;
 mod progress;

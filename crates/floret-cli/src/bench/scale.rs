@@ -14,11 +14,11 @@ use floret_client::Client;
 use tokio::sync::watch;
 
 use super::CommonArgs;
+use super::load::{self, LoadSpec};
 use super::plot::{self, Chart, Series};
 use super::progress::Progress;
 use super::sink::{Counters, Sink, SinkSpec};
 use super::stats::per_second;
-use crate::load::{self, LoadSpec};
 
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use floret_client::Client;
 use tokio::sync::watch;
 
+use super::load::{self, AcknowledgedCall, LoadSpec};
 use super::plot::{self, Chart, Series};
 use super::progress::Progress;
 use super::sink::{Counters, Received, Sink, SinkSpec};
 use super::stats::{per_second, percentiles_per_second};
 use super::{CommonArgs, Percentiles};
-use crate::load::{self, AcknowledgedCall, LoadSpec};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ThroughputArgs {

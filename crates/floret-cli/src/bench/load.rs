@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use floret_client::{Client, Message};
 
-use crate::bench::{Counters, Percentiles};
+use super::{Counters, Percentiles};
 
 /// What to generate.
 pub struct LoadSpec {
