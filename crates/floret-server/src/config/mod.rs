@@ -1,0 +1,339 @@
+//! A node's configuration: defaults, then a TOML file, then `FLORET_*`
+//! environment variables, then command-line flags (applied by the CLI), then
+//! [`Config::validate`] (`validate.rs`). The sections and their defaults are
+//! in `sections.rs`.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - The member list is static: every node must be started with the same one.
+
+mod sections;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floret_cluster::RaftTuning;
+use serde::Deserialize;
+
+pub use sections::*;
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node's id in every raft group (> 0).
+    pub node_id: u64,
+    /// gRPC listen address; port 0 picks a free port (the chosen one is logged and printed).
+    pub listen: SocketAddr,
+    /// Where the node keeps its sled database and snapshots.
+    pub data_dir: PathBuf,
+    /// Number of shards (raft groups); fixed for the life of the data dir.
+    /// A few per node: every shard pays raft's per-entry costs, so fewer
+    /// shards carry more messages per entry (see [`DEFAULT_SHARDS`]).
+    pub shards: u32,
+    /// Every member of the cluster, this node included, with the address the
+    /// others dial. Empty: a one-node cluster.
+    pub peers: Vec<PeerConfig>,
+    /// Replicas of each shard (every node when the cluster is smaller).
+    pub replication_factor: usize,
+    /// Prometheus metrics listen address; none when absent.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Storage tunables.
+    pub storage: StorageConfig,
+    /// Request limits.
+    pub limits: Limits,
+    /// Delivery tunables.
+    pub delivery: DeliveryConfig,
+    /// Folding of produces and acks into raft entries.
+    pub batching: BatchingConfig,
+    /// Raft timing.
+    pub raft: RaftConfig,
+    /// The gossip view.
+    pub gossip: GossipSettings,
+    /// Fairness across nodes.
+    pub fairness: FairnessConfig,
+    /// Node-level backpressure.
+    pub backpressure: BackpressureConfig,
+    /// Producers' durable state.
+    pub producers: ProducersConfig,
+}
+
+/// Shards of a cluster whose configuration names none: two per node of a
+/// three-node cluster, so that each node leads two and a failed node's two
+/// go one to each survivor. Against 16, on three nodes on one 2-core
+/// machine (BENCHMARKS.md): single-message produce 1.2-1.45x, batched
+/// 1.05x, a quiet producer's latency under a flood unchanged.
+pub const DEFAULT_SHARDS: u32 = 6;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            data_dir: PathBuf::from("floret-data"),
+            shards: DEFAULT_SHARDS,
+            peers: Vec::new(),
+            replication_factor: 3,
+            metrics_listen: None,
+            storage: StorageConfig::default(),
+            limits: Limits::default(),
+            delivery: DeliveryConfig::default(),
+            batching: BatchingConfig::default(),
+            raft: RaftConfig::default(),
+            gossip: GossipSettings::default(),
+            fairness: FairnessConfig::default(),
+            backpressure: BackpressureConfig::default(),
+            producers: ProducersConfig::default(),
+        }
+    }
+}
+
+/// A configuration that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML file is not valid.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        message: String,
+    },
+    /// An environment variable does not parse.
+    #[error("environment variable {name}={value} is not valid: {message}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it does not parse.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Defaults, overlaid by `file` (if given), then by `FLORET_*` variables from `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?
+            }
+            None => Config::default(),
+        };
+        config.apply_env(env)?;
+        Ok(config)
+    }
+
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        fn parse<T: std::str::FromStr>(
+            env: &impl Fn(&str) -> Option<String>,
+            name: &'static str,
+        ) -> Result<Option<T>, ConfigError>
+        where
+            T::Err: std::fmt::Display,
+        {
+            env(name)
+                .map(|value| {
+                    value.parse().map_err(|e: T::Err| ConfigError::Env {
+                        name,
+                        value: value.clone(),
+                        message: e.to_string(),
+                    })
+                })
+                .transpose()
+        }
+        if let Some(node_id) = parse(&env, "FLORET_NODE_ID")? {
+            self.node_id = node_id;
+        }
+        if let Some(listen) = parse(&env, "FLORET_LISTEN")? {
+            self.listen = listen;
+        }
+        if let Some(data_dir) = parse::<PathBuf>(&env, "FLORET_DATA_DIR")? {
+            self.data_dir = data_dir;
+        }
+        if let Some(shards) = parse(&env, "FLORET_SHARDS")? {
+            self.shards = shards;
+        }
+        if let Some(peers) = env("FLORET_PEERS") {
+            self.peers = parse_peers(&peers).map_err(|message| ConfigError::Env {
+                name: "FLORET_PEERS",
+                value: peers.clone(),
+                message,
+            })?;
+        }
+        if let Some(replication_factor) = parse(&env, "FLORET_REPLICATION_FACTOR")? {
+            self.replication_factor = replication_factor;
+        }
+        if let Some(gossip_listen) = parse(&env, "FLORET_GOSSIP_LISTEN")? {
+            self.gossip.listen = Some(gossip_listen);
+        }
+        if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
+            self.metrics_listen = Some(metrics_listen);
+        }
+        if let Some(lease_timeout_ms) = parse(&env, "FLORET_LEASE_TIMEOUT_MS")? {
+            self.delivery.lease_timeout_ms = lease_timeout_ms;
+        }
+        Ok(())
+    }
+
+    /// The raft tuning of every shard.
+    pub fn raft_tuning(&self) -> RaftTuning {
+        RaftTuning {
+            heartbeat: Duration::from_millis(self.raft.heartbeat_ms),
+            election_timeout_min: Duration::from_millis(self.raft.election_timeout_min_ms),
+            election_timeout_max: Duration::from_millis(self.raft.election_timeout_max_ms),
+            snapshot_every_entries: self.raft.snapshot_every_entries,
+            logs_kept_after_snapshot: self.raft.logs_kept_after_snapshot,
+            snapshot_chunk_bytes: self.raft.snapshot_chunk_bytes,
+        }
+    }
+
+    /// Every member's id and dialled address: the peers, or for a one-node
+    /// cluster this node at the address it is bound to.
+    pub fn members(&self, bound: SocketAddr) -> BTreeMap<u64, String> {
+        if self.peers.is_empty() {
+            BTreeMap::from([(self.node_id, bound.to_string())])
+        } else {
+            self.peers
+                .iter()
+                .map(|peer| (peer.id, peer.address.clone()))
+                .collect()
+        }
+    }
+
+    /// How long a delivery is leased.
+    pub fn lease_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery.lease_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::load(None, no_env).unwrap().validate().unwrap();
+    }
+
+    #[test]
+    fn file_then_environment_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("floret.toml");
+        std::fs::write(
+            &path,
+            "node_id = 3\nshards = 4\n[delivery]\nlease_timeout_ms = 500\n",
+        )
+        .unwrap();
+        let config = Config::load(Some(&path), |name| {
+            (name == "FLORET_SHARDS").then(|| "8".to_owned())
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                config.node_id,
+                config.shards,
+                config.delivery.lease_timeout_ms
+            ),
+            (3, 8, 500)
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("floret.toml");
+        std::fs::write(&path, "shard = 4\n").unwrap();
+        let error = Config::load(Some(&path), no_env).unwrap_err();
+        assert!(error.to_string().contains("unknown field"), "{error}");
+    }
+
+    #[test]
+    fn unparsable_environment_value_names_the_variable() {
+        let error = Config::load(None, |name| {
+            (name == "FLORET_NODE_ID").then(|| "two".to_owned())
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("FLORET_NODE_ID=two"), "{error}");
+    }
+
+    #[test]
+    fn election_timeout_below_heartbeat_is_refused() {
+        let mut config = Config::default();
+        config.raft.election_timeout_min_ms = config.raft.heartbeat_ms;
+        let error = config.validate().unwrap_err();
+        assert!(
+            error.to_string().contains("election_timeout_min_ms"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn example_config_in_deploy_spells_out_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/floret.toml");
+        assert_eq!(
+            Config::load(Some(&path), no_env).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn peers_parse_from_the_flag_form_and_must_include_this_node() {
+        let peers = parse_peers("1=127.0.0.1:7701, 2=127.0.0.1:7702,3=n3:7703").unwrap();
+        assert_eq!(peers.len(), 3);
+        assert_eq!(peers[2].address, "n3:7703");
+        let config = Config {
+            node_id: 4,
+            peers,
+            ..Config::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("node_id 4"), "{error}");
+        assert!(parse_peers("1:127.0.0.1:7701").is_err());
+    }
+
+    #[test]
+    fn entries_too_large_for_a_log_frame_are_refused() {
+        let mut config = Config::default();
+        config.limits.max_request_bytes = 40 * 1024 * 1024;
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("max_request_bytes"), "{error}");
+    }
+
+    #[test]
+    fn zero_shards_is_refused() {
+        let config = Config {
+            shards: 0,
+            ..Config::default()
+        };
+        assert!(config.validate().is_err());
+    }
+}

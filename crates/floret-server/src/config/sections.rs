@@ -1,0 +1,246 @@
+//! The sections of a node's configuration, each with its defaults and a
+//! comment on every choice. Checked by `validate.rs`.
+
+use std::net::SocketAddr;
+
+use floret_cluster::RaftTuning;
+use serde::Deserialize;
+
+/// How the node gossips its load (clusters of more than one node only).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GossipSettings {
+    /// UDP address to gossip on; by default the gRPC address's IP and port.
+    pub listen: Option<SocketAddr>,
+    /// Pause between gossip rounds, and between two publications of this
+    /// node's load, in ms.
+    pub interval_ms: u64,
+    /// Phi-accrual threshold above which a silent node is declared dead.
+    pub phi_threshold: f64,
+}
+
+impl Default for GossipSettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            interval_ms: 200,
+            phi_threshold: 8.0,
+        }
+    }
+}
+
+/// Fairness across nodes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FairnessConfig {
+    /// Split each consumer's credits between nodes by the backlogged weight
+    /// they report, so producers get equal weighted shares wherever they
+    /// are placed; off, every node gets an equal share of each consumer.
+    pub cross_node_split: bool,
+}
+
+impl Default for FairnessConfig {
+    fn default() -> Self {
+        Self {
+            cross_node_split: true,
+        }
+    }
+}
+
+/// When a node slows its producers down: above the high watermark of bytes
+/// stored on it, producers holding more than their fair share are refused
+/// with a retry hint until the node is back below the low watermark.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackpressureConfig {
+    /// Stored message bytes (every shard replica on the node) at which throttling starts.
+    pub high_watermark_bytes: u64,
+    /// Stored message bytes below which it stops.
+    pub low_watermark_bytes: u64,
+    /// Wait suggested to a throttled producer.
+    pub retry_after_ms: u64,
+}
+
+impl Default for BackpressureConfig {
+    fn default() -> Self {
+        Self {
+            high_watermark_bytes: 8 * 1024 * 1024 * 1024,
+            low_watermark_bytes: 6 * 1024 * 1024 * 1024,
+            retry_after_ms: 200,
+        }
+    }
+}
+
+/// What is kept of producers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProducersConfig {
+    /// A producer with nothing stored and no policy override for this long
+    /// has its counters deleted (its sequences start again at 0, and
+    /// idempotent retries are recognised only within this time).
+    pub forget_idle_after_ms: u64,
+}
+
+impl Default for ProducersConfig {
+    fn default() -> Self {
+        Self {
+            forget_idle_after_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// One member of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// The member's node id.
+    pub id: u64,
+    /// `host:port` of its gRPC server as the other nodes reach it.
+    pub address: String,
+}
+
+/// Parses a member list written `1=host:port,2=host:port,...`.
+pub fn parse_peers(text: &str) -> Result<Vec<PeerConfig>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let (id, address) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not id=host:port"))?;
+            let id = id
+                .trim()
+                .parse()
+                .map_err(|e| format!("{part:?}: node id {id:?}: {e}"))?;
+            Ok(PeerConfig {
+                id,
+                address: address.trim().to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// How the node's database uses memory.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// sled's page cache, in bytes: the backlog beyond it stays on disk.
+    pub cache_bytes: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            cache_bytes: floret_store::DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+/// What one request may carry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest payload of one message, in bytes (1 MiB).
+    pub max_payload_bytes: usize,
+    /// Most messages in one produce request.
+    pub max_batch_messages: usize,
+    /// Largest total of one message's header keys and values, in bytes.
+    pub max_header_bytes: usize,
+    /// Largest encoded gRPC request, in bytes; above it tonic answers RESOURCE_EXHAUSTED.
+    pub max_request_bytes: usize,
+    /// Most credits a consumer may hold at once, so one consumer cannot pin the whole backlog.
+    pub max_credits: u32,
+}
+
+/// How deliveries are leased.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// How long a delivery stays leased without an ack before it is redelivered, in ms.
+    pub lease_timeout_ms: u64,
+}
+
+/// How the leader folds concurrent operations into one raft entry.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Most operations (produce batches, ack batches) in one entry.
+    pub max_entry_ops: usize,
+    /// Payload bytes after which an entry is closed (one larger op still goes alone).
+    pub max_entry_bytes: usize,
+    /// Entries a shard may have proposed and not yet committed; while they are
+    /// in flight the next entry fills up.
+    pub proposals_in_flight: usize,
+    /// How long a produce or ack waits for its entry to commit before it is
+    /// answered UNAVAILABLE (outcome unknown: no majority reachable), in ms.
+    pub commit_timeout_ms: u64,
+}
+
+/// Raft timing, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Leader heartbeat.
+    pub heartbeat_ms: u64,
+    /// Election timeout lower bound.
+    pub election_timeout_min_ms: u64,
+    /// Election timeout upper bound.
+    pub election_timeout_max_ms: u64,
+    /// Entries between two snapshots of a shard.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind a snapshot.
+    pub logs_kept_after_snapshot: u64,
+    /// Bytes of a snapshot sent to a lagging replica in one message.
+    pub snapshot_chunk_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 1024 * 1024,
+            max_batch_messages: 10_000,
+            max_header_bytes: 64 * 1024,
+            max_request_bytes: 16 * 1024 * 1024,
+            max_credits: 100_000,
+        }
+    }
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            lease_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        Self {
+            max_entry_ops: 1_024,
+            // Entries of a flood stay small enough to commit quickly, so a
+            // quiet producer on the same shard waits behind two short
+            // entries, not two long ones (noisy-neighbor bench: quiet p99
+            // 101 -> 77 ms against 1 MiB, flood accepted faster too), and
+            // their state-machine writes mostly stay under the size at which
+            // floret-store falls back to sled's costlier atomic batch.
+            max_entry_bytes: 64 * 1024,
+            proposals_in_flight: 2,
+            commit_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        let tuning = RaftTuning::default();
+        Self {
+            heartbeat_ms: tuning.heartbeat.as_millis() as u64,
+            election_timeout_min_ms: tuning.election_timeout_min.as_millis() as u64,
+            election_timeout_max_ms: tuning.election_timeout_max.as_millis() as u64,
+            snapshot_every_entries: tuning.snapshot_every_entries,
+            logs_kept_after_snapshot: tuning.logs_kept_after_snapshot,
+            snapshot_chunk_bytes: tuning.snapshot_chunk_bytes,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! [`Config::validate`]: every value checked, the first wrong one named.
+//! One check per concern: the cluster, requests and storage, raft and
+//! batching, backpressure.
+
+use std::collections::BTreeSet;
+
+use super::{Config, ConfigError};
+
+impl Config {
+    /// Checks every value, naming the first that is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_cluster()
+            .and_then(|()| self.check_requests_and_storage())
+            .and_then(|()| self.check_raft_and_batching())
+            .and_then(|()| self.check_backpressure())
+            .map_err(ConfigError::Invalid)
+    }
+
+    fn check_cluster(&self) -> Result<(), String> {
+        if self.node_id == 0 {
+            return Err("node_id must be > 0".into());
+        }
+        if self.shards == 0 || self.shards > 1024 {
+            return Err(format!("shards must be in 1..=1024, not {}", self.shards));
+        }
+        if !self.peers.is_empty() {
+            let ids: BTreeSet<u64> = self.peers.iter().map(|p| p.id).collect();
+            if ids.len() != self.peers.len() || ids.contains(&0) {
+                return Err("peers must have distinct node ids > 0".into());
+            }
+            if !ids.contains(&self.node_id) {
+                return Err(format!(
+                    "peers must list this node (node_id {}) with the address the others dial",
+                    self.node_id
+                ));
+            }
+            if let Some(peer) = self.peers.iter().find(|p| p.address.is_empty()) {
+                return Err(format!("peer {} has no address", peer.id));
+            }
+        }
+        if self.gossip.interval_ms == 0 || self.gossip.phi_threshold <= 0.0 {
+            return Err("gossip.interval_ms and gossip.phi_threshold must be > 0".into());
+        }
+        if self.replication_factor == 0 {
+            return Err("replication_factor must be > 0".into());
+        }
+        Ok(())
+    }
+
+    fn check_requests_and_storage(&self) -> Result<(), String> {
+        if self.storage.cache_bytes < 1024 * 1024 {
+            return Err("storage.cache_bytes must be at least 1 MiB".into());
+        }
+        let limits = &self.limits;
+        if limits.max_payload_bytes == 0 || limits.max_payload_bytes >= limits.max_request_bytes {
+            return Err(
+                "limits.max_payload_bytes must be > 0 and below limits.max_request_bytes".into(),
+            );
+        }
+        let largest_entry = limits
+            .max_request_bytes
+            .saturating_add(self.batching.max_entry_bytes);
+        let frame_room = floret_store::wal::MAX_FRAME_BYTES / 2;
+        if largest_entry > frame_room {
+            return Err(format!(
+                "limits.max_request_bytes plus batching.max_entry_bytes must stay under {frame_room} bytes (a raft entry must fit a log frame with room to spare)"
+            ));
+        }
+        if limits.max_batch_messages == 0 || limits.max_credits == 0 {
+            return Err("limits.max_batch_messages and limits.max_credits must be > 0".into());
+        }
+        let lease_timeout_ms = self.delivery.lease_timeout_ms;
+        if lease_timeout_ms == 0 || lease_timeout_ms > 24 * 3600 * 1000 {
+            return Err("delivery.lease_timeout_ms must be in 1..=86400000".into());
+        }
+        if self.producers.forget_idle_after_ms < 100 {
+            return Err("producers.forget_idle_after_ms must be at least 100".into());
+        }
+        Ok(())
+    }
+
+    fn check_raft_and_batching(&self) -> Result<(), String> {
+        let batching = &self.batching;
+        if batching.max_entry_ops == 0
+            || batching.proposals_in_flight == 0
+            || batching.commit_timeout_ms == 0
+        {
+            return Err(
+                "batching.max_entry_ops, batching.proposals_in_flight and batching.commit_timeout_ms must be > 0".into(),
+            );
+        }
+        let raft = &self.raft;
+        if raft.heartbeat_ms == 0 || raft.election_timeout_min_ms <= raft.heartbeat_ms {
+            return Err(format!(
+                "raft.election_timeout_min_ms ({}) must be above raft.heartbeat_ms ({})",
+                raft.election_timeout_min_ms, raft.heartbeat_ms
+            ));
+        }
+        if raft.election_timeout_max_ms <= raft.election_timeout_min_ms {
+            return Err(
+                "raft.election_timeout_max_ms must be above raft.election_timeout_min_ms".into(),
+            );
+        }
+        if raft.snapshot_every_entries == 0 {
+            return Err("raft.snapshot_every_entries must be > 0".into());
+        }
+        let chunk_room = floret_cluster::MAX_PEER_MESSAGE_BYTES / 2;
+        if raft.snapshot_chunk_bytes < 4096 || raft.snapshot_chunk_bytes >= chunk_room as u64 {
+            return Err(format!(
+                "raft.snapshot_chunk_bytes must be in 4096..{chunk_room}"
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_backpressure(&self) -> Result<(), String> {
+        let backpressure = &self.backpressure;
+        if backpressure.low_watermark_bytes >= backpressure.high_watermark_bytes
+            || backpressure.retry_after_ms == 0
+        {
+            return Err(format!(
+                "backpressure.low_watermark_bytes ({}) must be below backpressure.high_watermark_bytes ({}), and retry_after_ms > 0",
+                backpressure.low_watermark_bytes, backpressure.high_watermark_bytes
+            ));
+        }
+        Ok(())
+    }
+}
