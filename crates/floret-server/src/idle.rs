@@ -23,7 +23,7 @@ use floret_cluster::Shards;
 use floret_store::{IdleProducer, Op, ShardId, ShardReader};
 use tokio::task::JoinHandle;
 
-use crate::proposer::Proposers;
+use crate::produce::proposer::Proposers;
 
 /// Producers forgotten per raft entry.
 const FORGET_PER_ENTRY: usize = 1_000;

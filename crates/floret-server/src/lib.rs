@@ -3,15 +3,17 @@
 //! configuration.
 //!
 //! `floret serve` builds a [`Config`], binds a listener and runs a [`Node`]:
-//! produce requests are validated ([`request`]), placed on a shard, folded
-//! into a raft entry by that shard's proposer and answered once applied;
-//! the state machines report new messages to the dispatcher ([`deliver`]), which hands
-//! them to consumers in deficit-round-robin order across producers.
+//! produce requests go down the produce path ([`produce`]): checked, placed
+//! on a shard, admitted, folded into a raft entry by that shard's proposer
+//! and answered once applied; the state machines report new messages to
+//! the dispatcher ([`deliver`]), which hands them to consumers in
+//! deficit-round-robin order across producers. Failures below the gRPC
+//! services are [`error::RequestError`]s, turned into statuses in one place.
 //!
-//! In a cluster any node takes any request: produces are forwarded to their
-//! shard's leader, consumers get every node's deliveries, acks reach the
-//! leader that holds their lease, and [`rebalance`] returns leaderships to
-//! their preferred replicas.
+//! In a cluster any node takes any request: the [`router`] sends produces,
+//! commits and acks to their shard's leader, consumers get every node's
+//! deliveries, and [`leadership`] returns leaderships to their preferred
+//! replicas.
 //!
 //! Nodes of a cluster publish their load over gossip ([`load_view`]) and
 //! split each consumer's credits between nodes by backlogged weight.
@@ -20,27 +22,27 @@
 //! replicated with the queues; [`policy`] maps them onto the scheduler and
 //! the produce path, and the Admin service sets them and manages dead letters.
 //! A node short of room throttles the producers over their fair share
-//! ([`backpressure`]).
+//! ([`produce::admission`]).
 //!
 //! Messages may be delayed (held back at dispatch without blocking others),
 //! and producers that stay idle have their counters forgotten ([`idle`]).
 
-pub mod backpressure;
-pub mod commit;
 pub mod config;
 pub mod deliver;
 pub mod delivery_id;
+pub mod error;
 mod idle;
+pub mod leadership;
 mod load_view;
 mod node;
 pub mod policy;
-mod proposer;
-mod rebalance;
+pub mod produce;
 pub mod request;
+pub mod router;
 pub mod service;
 pub mod settle;
 
 pub use config::Config;
 pub use floret_store::failpoints;
 pub use node::{Node, NodeError};
-pub use proposer::ProposeError;
+pub use produce::proposer::ProposeError;

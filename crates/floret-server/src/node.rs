@@ -18,42 +18,34 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError, Shards, ShardsError};
-use floret_proto::peer::v1::peer_server::PeerServer;
-use floret_proto::v1::admin_server::AdminServer;
-use floret_proto::v1::floret_server::FloretServer;
+use floret_cluster::{Peers, PeersError, Shards, ShardsError};
 use floret_sched::SchedulerConfig;
-use floret_store::{Database, OpenError};
+use floret_store::{AppliedListener, Database, OpenError};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::server::TcpIncoming;
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 
-use crate::backpressure::Backpressure;
-use crate::commit::Committer;
 use crate::config::Config;
 use crate::deliver::{self, DispatcherHandle};
 use crate::idle;
+use crate::leadership::hand_back::HandBack;
+use crate::leadership::rebalance;
+use crate::leadership::watch::watch_leadership;
 use crate::load_view::LoadView;
-use crate::proposer::{Proposers, ShardProposer};
-use crate::rebalance;
+use crate::produce::ProducePipeline;
+use crate::produce::backpressure::Backpressure;
+use crate::produce::proposer::{Proposers, ShardProposer};
+use crate::router::ShardRouter;
 use crate::service::admin::AdminService;
 use crate::service::fan_in;
 use crate::service::floret::FloretService;
 use crate::service::peer::PeerService;
+use crate::service::server::{ReflectionError, Server, Services};
 use crate::settle::Settler;
 
-/// HTTP/2 pings on idle connections, so dead peers are noticed.
-const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
-/// TCP keepalive on accepted sockets.
-const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// How long shutdown waits for open calls (consume streams never end by
 /// themselves) before closing them; their leases come back on restart.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// Concurrent streams per connection, so one client cannot pin unbounded resources.
-const MAX_CONCURRENT_STREAMS: u32 = 1_024;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -74,8 +66,8 @@ pub enum NodeError {
     #[error(transparent)]
     Gossip(#[from] floret_cluster::GossipError),
     /// Server reflection could not be set up.
-    #[error("cannot set up gRPC reflection: {0}")]
-    Reflection(String),
+    #[error(transparent)]
+    Reflection(#[from] ReflectionError),
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
@@ -94,10 +86,9 @@ pub struct Node {
     address: SocketAddr,
     shards: Arc<Shards>,
     database: Database,
-    health: HealthReporter,
     /// Set to true when the node stops: the server drains, peer streams end.
     stopping: watch::Sender<bool>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    server: Server,
     watchers: Vec<JoinHandle<()>>,
     load_view: Option<LoadView>,
 }
@@ -112,8 +103,7 @@ impl Node {
         let peers = Arc::new(Peers::new(config.node_id, config.members(address))?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
-        let listener_fn: floret_store::AppliedListener =
-            Arc::new(move |event| applied_to_dispatcher.applied(event));
+        let applied: AppliedListener = Arc::new(move |event| applied_to_dispatcher.applied(event));
         let shards = Arc::new(
             Shards::open(
                 peers.clone(),
@@ -121,20 +111,11 @@ impl Node {
                 config.shards,
                 config.replication_factor,
                 &config.raft_tuning(),
-                listener_fn,
+                applied,
             )
             .await?,
         );
-        let proposers = Proposers::new(
-            shards
-                .groups()
-                .map(|group| {
-                    let proposer =
-                        ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone());
-                    (group.id, proposer)
-                })
-                .collect(),
-        );
+        let proposers = spawn_proposers(&shards, &config);
         deliver::spawn(
             (dispatcher.clone(), dispatcher_inbox),
             (0..config.shards)
@@ -151,90 +132,28 @@ impl Node {
             .groups()
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
-        let settler = Settler::new(dispatcher.clone(), proposers.clone(), shards.clone());
         let load_view =
             LoadView::start(&config, address, shards.clone(), dispatcher.clone()).await?;
         let view = load_view.as_ref().map(LoadView::receiver);
         if let Some(view) = &view {
             shards.attach_view(view.clone());
         }
-
-        let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(floret_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| NodeError::Reflection(e.to_string()))?;
-        let consumers = fan_in::Sources {
-            dispatcher: dispatcher.clone(),
-            settler: settler.clone(),
-            peers: peers.clone(),
-            max_credits: config.limits.max_credits,
-            view: view.clone(),
-            cross_node_split: config.fairness.cross_node_split,
-        };
-        let floret = FloretServer::new(FloretService::new(
-            shards.clone(),
-            proposers.clone(),
-            config.limits.clone(),
-            consumers,
-            Backpressure::new(config.backpressure.clone(), shards.clone()),
-        ))
-        .max_decoding_message_size(config.limits.max_request_bytes);
         let (stopping, stopped) = watch::channel(false);
-        let peer = PeerServer::new(PeerService::new(
-            shards.clone(),
-            settler,
-            proposers.clone(),
-            dispatcher.clone(),
-            stopped.clone(),
-        ))
-        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
-        let admin = AdminServer::new(AdminService::new(
-            shards.clone(),
+        let parts = NodeParts {
+            config: &config,
+            address,
+            shards: &shards,
+            proposers: &proposers,
             dispatcher,
-            Committer::new(shards.clone(), proposers.clone()),
-            address.to_string(),
             view,
-        ));
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
-                .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(floret)
-                .add_service(admin)
-                .add_service(peer)
-                .serve_with_incoming_shutdown(incoming(listener), async move {
-                    let mut stopped = stopped;
-                    let _sender_gone = stopped.wait_for(|stopping| *stopping).await;
-                }),
-        );
-        let bootstrapping = shards.clone();
-        watchers.push(tokio::spawn(async move {
-            if let Err(error) = bootstrapping.bootstrap().await {
-                tracing::error!(%error, "cannot bootstrap the shards");
-            }
-        }));
-        if peers.others().next().is_some() {
-            watchers.push(rebalance::spawn(shards.clone()));
-        }
-        watchers.push(idle::spawn(
-            shards.clone(),
-            proposers,
-            Duration::from_millis(config.producers.forget_idle_after_ms),
-        ));
+        };
+        let server = Server::start(parts.services(stopped.clone()), listener, stopped).await?;
+        watchers.extend(background_tasks(&shards, proposers, &config));
         tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
             shards,
             database,
-            health,
             stopping,
             server,
             watchers,
@@ -256,13 +175,7 @@ impl Node {
                 });
             }
         }
-        self.health
-            .set_service_status("", ServingStatus::Serving)
-            .await;
-        self.health
-            .set_serving::<FloretServer<FloretService>>()
-            .await;
-        self.health.set_serving::<AdminServer<AdminService>>().await;
+        self.server.report_serving().await;
         Ok(())
     }
 
@@ -280,34 +193,15 @@ impl Node {
     pub async fn serve_until(mut self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = shutdown => tracing::info!("shutting down"),
-            result = &mut self.server => {
-                match result {
-                    Ok(Ok(())) => tracing::warn!("gRPC server stopped by itself"),
-                    Ok(Err(error)) => tracing::error!(%error, "gRPC server failed"),
-                    Err(error) => tracing::error!(%error, "gRPC server task failed"),
-                }
-            }
+            () = self.server.failed() => {}
         }
         self.stop().await;
     }
 
     async fn stop(self) {
-        self.health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
+        self.server.report_not_serving().await;
         self.stopping.send_replace(true);
-        let server_abort = self.server.abort_handle();
-        match tokio::time::timeout(DRAIN_TIMEOUT, self.server).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "gRPC server task did not end cleanly"),
-            Err(_) => {
-                tracing::warn!(
-                    ?DRAIN_TIMEOUT,
-                    "calls still open after the drain timeout; closing them"
-                );
-                server_abort.abort();
-            }
-        }
+        self.server.drain(DRAIN_TIMEOUT).await;
         if let Some(load_view) = self.load_view {
             load_view.stop().await;
         }
@@ -324,46 +218,97 @@ impl Node {
     }
 }
 
-/// Accepted connections with Nagle off (a produce answer must not wait for
-/// the peer's delayed ACK: that alone costs ~40 ms per round trip) and TCP keepalive on.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(TCP_KEEPALIVE))
+/// Starts the proposer of every shard this node holds.
+fn spawn_proposers(shards: &Shards, config: &Config) -> Proposers {
+    Proposers::new(
+        shards
+            .groups()
+            .map(|group| {
+                let proposer =
+                    ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone());
+                (group.id, proposer)
+            })
+            .collect(),
+    )
 }
 
-/// Tells the dispatcher whenever this node gains or loses the leadership of
-/// `shard`. A gain is reported only once the new leader's state machine has
-/// applied everything committed before its term (`ensure_linearizable`):
-/// otherwise the rebuild could see a message whose acked removal is
-/// committed but not yet applied, and deliver it again.
-fn watch_leadership(shards: &Shards, shard: u32, dispatcher: DispatcherHandle) -> JoinHandle<()> {
-    let node_id = shards.node_id();
-    let raft = shards
-        .group(shard)
-        .expect("leadership is watched for held shards")
-        .raft
-        .clone();
-    let mut metrics = raft.metrics();
-    tokio::spawn(async move {
-        let mut leading = false;
-        loop {
-            let now_leading = metrics.borrow_and_update().current_leader == Some(node_id);
-            if now_leading && !leading {
-                match raft.ensure_linearizable().await {
-                    Ok(_) => {
-                        leading = true;
-                        dispatcher.leadership(shard, true);
-                    }
-                    Err(error) => tracing::debug!(shard, %error, "leadership not confirmed"),
-                }
-            } else if !now_leading && leading {
-                leading = false;
-                dispatcher.leadership(shard, false);
-            }
-            if metrics.changed().await.is_err() {
-                break;
-            }
+/// Bootstrapping the shards, giving leaderships back to preferred replicas
+/// (with peers), and forgetting idle producers.
+fn background_tasks(
+    shards: &Arc<Shards>,
+    proposers: Proposers,
+    config: &Config,
+) -> Vec<JoinHandle<()>> {
+    let bootstrapping = shards.clone();
+    let mut tasks = vec![tokio::spawn(async move {
+        if let Err(error) = bootstrapping.bootstrap().await {
+            tracing::error!(%error, "cannot bootstrap the shards");
         }
-    })
+    })];
+    if shards.peers().others().next().is_some() {
+        tasks.push(rebalance::spawn(shards.clone()));
+    }
+    tasks.push(idle::spawn(
+        shards.clone(),
+        proposers,
+        Duration::from_millis(config.producers.forget_idle_after_ms),
+    ));
+    tasks
+}
+
+/// What the services are built from.
+struct NodeParts<'a> {
+    config: &'a Config,
+    address: SocketAddr,
+    shards: &'a Arc<Shards>,
+    proposers: &'a Proposers,
+    dispatcher: DispatcherHandle,
+    view: Option<watch::Receiver<Arc<floret_cluster::View>>>,
+}
+
+impl NodeParts<'_> {
+    /// The Floret, Admin and Peer services over this node's parts.
+    fn services(self, stopped: watch::Receiver<bool>) -> Services {
+        let (config, shards, proposers) = (self.config, self.shards, self.proposers);
+        let router = ShardRouter::new(shards.clone(), proposers.clone());
+        let settler = Settler::new(
+            self.dispatcher.clone(),
+            proposers.clone(),
+            shards.clone(),
+            router.clone(),
+        );
+        let produce = ProducePipeline::new(
+            shards.clone(),
+            router.clone(),
+            config.limits.clone(),
+            Backpressure::new(config.backpressure.clone(), shards.clone()),
+        );
+        let consumers = fan_in::Sources {
+            dispatcher: self.dispatcher.clone(),
+            settler: settler.clone(),
+            peers: shards.peers().clone(),
+            max_credits: config.limits.max_credits,
+            view: self.view.clone(),
+            cross_node_split: config.fairness.cross_node_split,
+        };
+        let hand_back = HandBack::new(shards.clone(), proposers.clone(), self.dispatcher.clone());
+        Services {
+            floret: FloretService::new(produce, consumers),
+            admin: AdminService::new(
+                shards.clone(),
+                self.dispatcher,
+                router,
+                self.address.to_string(),
+                self.view,
+            ),
+            peer: PeerService::new(
+                shards.clone(),
+                settler,
+                proposers.clone(),
+                hand_back,
+                stopped,
+            ),
+            max_request_bytes: config.limits.max_request_bytes,
+        }
+    }
 }

@@ -29,11 +29,9 @@ use floret_store::{DeadLetterReason, Discard, Discarded, MessageRef, NodeId, Op,
 
 use crate::deliver::{DispatcherHandle, DispatcherStopped, SettleCode, SettleKind, SettleOutcome};
 use crate::delivery_id::DeliveryId;
-use crate::proposer::Proposers;
+use crate::produce::proposer::Proposers;
+use crate::router::ShardRouter;
 use crate::service::convert;
-
-/// How long settling on another node may take.
-const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Acks and nacks for the services.
 #[derive(Clone)]
@@ -41,17 +39,24 @@ pub struct Settler {
     dispatcher: DispatcherHandle,
     proposers: Proposers,
     shards: Arc<Shards>,
+    router: ShardRouter,
 }
 
 impl Settler {
     /// Settles through `dispatcher` (leases of the shards this node leads),
     /// removing acked messages with `proposers`, and through the other
     /// nodes' `Peer` service for the shards they lead.
-    pub fn new(dispatcher: DispatcherHandle, proposers: Proposers, shards: Arc<Shards>) -> Self {
+    pub fn new(
+        dispatcher: DispatcherHandle,
+        proposers: Proposers,
+        shards: Arc<Shards>,
+        router: ShardRouter,
+    ) -> Self {
         Self {
             dispatcher,
             proposers,
             shards,
+            router,
         }
     }
 
@@ -145,7 +150,7 @@ impl Settler {
                 };
                 let result = match self.proposers.get(shard) {
                     Some(proposer) => proposer.propose(op).await.map(|_| ()),
-                    None => Err(crate::ProposeError::NotLeader {
+                    None => Err(crate::produce::proposer::ProposeError::NotLeader {
                         shard,
                         leader: None,
                     }),
@@ -189,19 +194,7 @@ impl Settler {
             delivery_ids: ids.clone(),
             dead_letter: kind == SettleKind::DeadLetter,
         };
-        let answer = match self.shards.peers().peer_client(node) {
-            Some(mut client) => {
-                match tokio::time::timeout(FORWARD_TIMEOUT, client.settle(request)).await {
-                    Ok(answer) => answer.map(|a| a.into_inner()),
-                    Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                        "no answer within {FORWARD_TIMEOUT:?}"
-                    ))),
-                }
-            }
-            None => Err(tonic::Status::unavailable(format!(
-                "node {node} is not a member"
-            ))),
-        };
+        let answer = self.router.settle_on(node, request).await;
         match answer {
             Ok(answer) if answer.outcomes.len() == ids.len() => answer
                 .outcomes
@@ -214,7 +207,7 @@ impl Settler {
                 })
                 .collect(),
             Ok(_) => unreachable_outcomes(ids, node, "answered with the wrong number of outcomes"),
-            Err(status) => unreachable_outcomes(ids, node, status.message()),
+            Err(error) => unreachable_outcomes(ids, node, error.why()),
         }
     }
 }

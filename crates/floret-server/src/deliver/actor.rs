@@ -17,7 +17,7 @@ use super::book::{
     StoredBacklog,
 };
 use super::{ConsumerEvent, DispatcherCommand, DispatcherHandle};
-use crate::proposer::Proposers;
+use crate::produce::proposer::Proposers;
 
 /// Commands handled in one go before the loop checks its lease timer again.
 const COMMANDS_PER_TURN: usize = 256;

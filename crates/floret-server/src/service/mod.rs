@@ -6,6 +6,7 @@ mod credit_split;
 pub(crate) mod fan_in;
 pub mod floret;
 pub mod peer;
+pub mod server;
 pub mod status;
 
 /// Wall-clock time in milliseconds since the Unix epoch: the commit time the

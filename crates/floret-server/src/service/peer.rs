@@ -1,27 +1,19 @@
 //! The `floret.peer.v1.Peer` service: what the other nodes of the cluster
 //! ask of this one. Raft RPCs for the shards it holds (appends of every
 //! shard arrive on one stream per peer, each handled as its own task and
-//! answered as soon as it is done), which shards it has
-//! initialised (for bootstrap), settles of deliveries whose leases are here,
-//! operations to commit in shards it leads (see [`crate::commit`]), and the hand-back of a shard's leadership to its preferred replica.
-//!
-//! Hand-back (openraft 0.9 has no leadership transfer): the leader checks
-//! that the preferred replica is alive in the gossip view (not suspected:
-//! a flapping node would take the leadership and lose it again), a voter
-//! and caught up, then pauses the
-//! shard's proposer, stops dispatching the shard (acks could not commit
-//! while paused, so its deliveries would only come back as duplicates) and
-//! turns its heartbeats off for a while; once the
-//! followers' leader lease lapses the preferred replica calls an election
-//! (see [`crate::rebalance`]), and wins it because its log is complete and
-//! the other followers' own election timers run longer than the lease.
+//! answered as soon as it is done), which shards it has initialised (for
+//! bootstrap), settles of deliveries whose leases are here, operations to
+//! commit in shards it leads (the calling side is
+//! [`crate::router::ShardRouter`]), and the hand-back of a shard's
+//! leadership to its preferred replica (decided in
+//! [`crate::leadership::hand_back`]; openraft 0.9 has no leadership
+//! transfer).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Callers are trusted: no authentication between nodes yet.
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use floret_cluster::{Shards, batched, decode, encode};
 use floret_proto::peer::v1::raft_answer::Outcome;
@@ -35,19 +27,18 @@ use tonic::Streaming;
 use tonic::{Request, Response, Status};
 
 use super::convert;
-use crate::deliver::{DispatcherHandle, SettleKind};
-use crate::proposer::Proposers;
+use crate::deliver::SettleKind;
+use crate::error::RequestError;
+use crate::leadership::hand_back::HandBack;
+use crate::produce::proposer::Proposers;
 use crate::settle::Settler;
-
-/// Entries a preferred replica may lag behind and still be handed the leadership.
-const HAND_BACK_MAX_LAG: u64 = 64;
 
 /// Serves the other nodes.
 pub struct PeerService {
     shards: Arc<Shards>,
     settler: Settler,
     proposers: Proposers,
-    dispatcher: DispatcherHandle,
+    hand_back: HandBack,
     /// Becomes true when the node stops: open append streams end then, so
     /// the server's drain does not wait for peers to close them.
     stopping: watch::Receiver<bool>,
@@ -59,14 +50,14 @@ impl PeerService {
         shards: Arc<Shards>,
         settler: Settler,
         proposers: Proposers,
-        dispatcher: DispatcherHandle,
+        hand_back: HandBack,
         stopping: watch::Receiver<bool>,
     ) -> Self {
         Self {
             shards,
             settler,
             proposers,
-            dispatcher,
+            hand_back,
             stopping,
         }
     }
@@ -81,15 +72,6 @@ impl PeerService {
 
     fn raft(&self, shard: ShardId) -> Result<&floret_store::Raft, Status> {
         raft_of(&self.shards, shard)
-    }
-
-    /// Refuses a hand-back with a reason.
-    fn refuse(reason: String) -> Response<v1::HandBackResponse> {
-        Response::new(v1::HandBackResponse {
-            accepted: false,
-            wait_ms: 0,
-            reason,
-        })
     }
 }
 
@@ -288,16 +270,11 @@ impl Peer for PeerService {
         let proposer = match self.proposers.get(shard) {
             Some(proposer) if self.shards.leads(shard) => proposer,
             _ => {
-                return Err(crate::service::status::no_leader(
-                    shard,
-                    self.shards.leader_of(shard),
-                ));
+                let leader = self.shards.leader_of(shard);
+                return Err(RequestError::NoLeader { shard, leader }.into());
             }
         };
-        let reply = proposer
-            .propose(op)
-            .await
-            .map_err(crate::service::status::from_propose)?;
+        let reply = proposer.propose(op).await.map_err(RequestError::from)?;
         Ok(Response::new(v1::RaftMessage {
             shard_id: shard,
             payload: encode(&reply),
@@ -309,73 +286,19 @@ impl Peer for PeerService {
         request: Request<v1::HandBackRequest>,
     ) -> Result<Response<v1::HandBackResponse>, Status> {
         let v1::HandBackRequest { shard_id, node_id } = request.into_inner();
-        let raft = self.raft(shard_id)?;
-        if self.shards.replicas().preferred_leader(shard_id) != node_id {
-            return Ok(Self::refuse(format!(
-                "node {node_id} is not the preferred replica of shard {shard_id}"
-            )));
-        }
-        if let Some(liveness) = self.shards.liveness(node_id)
-            && liveness != floret_cluster::Liveness::Alive
-        {
-            return Ok(Self::refuse(format!(
-                "node {node_id} is {} in the gossip view",
-                liveness.as_str()
-            )));
-        }
-        let metrics = raft.metrics().borrow().clone();
-        if metrics.current_leader != Some(self.shards.node_id()) {
-            return Ok(Self::refuse(format!(
-                "node {} does not lead shard {shard_id}",
-                self.shards.node_id()
-            )));
-        }
-        let last_log = metrics.last_log_index.unwrap_or(0);
-        let matched = metrics
-            .replication
-            .as_ref()
-            .and_then(|replication| replication.get(&node_id).cloned().flatten())
-            .map(|log_id| log_id.index)
-            .unwrap_or(0);
-        if matched + HAND_BACK_MAX_LAG < last_log {
-            return Ok(Self::refuse(format!(
-                "node {node_id} is {} entries behind on shard {shard_id}",
-                last_log - matched
-            )));
-        }
-        let Some(proposer) = self.proposers.get(shard_id).cloned() else {
-            return Ok(Self::refuse(format!(
-                "shard {shard_id} has no proposer here"
-            )));
+        self.raft(shard_id)?;
+        let answer = match self.hand_back.grant(shard_id, node_id) {
+            Ok(wait) => v1::HandBackResponse {
+                accepted: true,
+                wait_ms: wait.as_millis() as u64,
+                reason: String::new(),
+            },
+            Err(reason) => v1::HandBackResponse {
+                accepted: false,
+                wait_ms: 0,
+                reason,
+            },
         };
-        let lease = self.shards.tuning().election_timeout_max;
-        let step_aside = lease * 2 + Duration::from_millis(500);
-        tracing::info!(
-            shard = shard_id,
-            to = node_id,
-            "handing the shard's leadership back to its preferred replica"
-        );
-        proposer.pause(step_aside);
-        raft.runtime_config().heartbeat(false);
-        self.dispatcher.leadership(shard_id, false);
-        let (raft, dispatcher, me) = (raft.clone(), self.dispatcher.clone(), self.shards.node_id());
-        tokio::spawn(async move {
-            tokio::time::sleep(step_aside).await;
-            raft.runtime_config().heartbeat(true);
-            proposer.resume();
-            let still_leading = raft.metrics().borrow().current_leader == Some(me);
-            if still_leading && raft.ensure_linearizable().await.is_ok() {
-                tracing::info!(
-                    shard = shard_id,
-                    "hand-back did not happen; dispatching the shard again"
-                );
-                dispatcher.leadership(shard_id, true);
-            }
-        });
-        Ok(Response::new(v1::HandBackResponse {
-            accepted: true,
-            wait_ms: lease.as_millis() as u64,
-            reason: String::new(),
-        }))
+        Ok(Response::new(answer))
     }
 }

@@ -1,77 +1,99 @@
-//! How internal failures become gRPC statuses.
+//! How a refused or failed request becomes a gRPC status: the one place
+//! where a [`RequestError`] meets `tonic::Status`, retry hint included.
 
-use tonic::Status;
+use tonic::{Code, Status};
 
 use crate::deliver::DispatcherStopped;
-use crate::proposer::ProposeError;
+use crate::error::RequestError;
+use crate::request::InvalidRequest;
 
 /// Metadata key carrying how long a client should wait before retrying, in ms.
 pub const RETRY_AFTER_MS: &str = "floret-retry-after-ms";
 
-/// Back-off suggested while a shard has no leader here.
-const NO_LEADER_RETRY_AFTER_MS: u64 = 200;
-
-/// A proposal that did not commit: UNAVAILABLE, with a retry hint.
-pub fn from_propose(error: ProposeError) -> Status {
-    let mut status = Status::unavailable(error.to_string());
-    status
-        .metadata_mut()
-        .insert(RETRY_AFTER_MS, NO_LEADER_RETRY_AFTER_MS.into());
-    status
-}
-
-/// No node is known to lead `shard` (or the one asked does not): UNAVAILABLE
-/// with a retry hint, nothing was stored.
-pub fn no_leader(shard: u32, leader: Option<u64>) -> Status {
-    let leader = leader
-        .map(|node| format!("; node {node} may lead it"))
-        .unwrap_or_default();
-    let mut status = Status::unavailable(format!(
-        "shard {shard} has no leader reachable from here yet{leader}; nothing was stored, retry"
-    ));
-    status
-        .metadata_mut()
-        .insert(RETRY_AFTER_MS, NO_LEADER_RETRY_AFTER_MS.into());
-    status
-}
-
-/// The leader a produce was forwarded to did not answer: the outcome is
-/// unknown, so UNAVAILABLE with a retry hint (retries with the producer's
-/// idempotency sequence are safe).
-pub fn leader_unreachable(shard: u32, node: u64, error: &Status) -> Status {
-    let mut status = Status::unavailable(format!(
-        "node {node}, the leader of shard {shard}, did not answer ({}); the outcome is unknown, retry with the same producer_sequence",
-        error.message()
-    ));
-    status
-        .metadata_mut()
-        .insert(RETRY_AFTER_MS, NO_LEADER_RETRY_AFTER_MS.into());
-    status
-}
-
-/// The answer of the node a produce was forwarded to, as this node gives it
-/// to the client: its own statuses pass through (with their retry hint);
-/// transport failures become [`leader_unreachable`].
-pub fn relayed(remote: Status, shard: u32, node: u64) -> Status {
-    let hint = remote.metadata().get(RETRY_AFTER_MS).cloned();
-    let transport_failure = matches!(
-        remote.code(),
-        tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-            | tonic::Code::DeadlineExceeded
-    ) && hint.is_none();
-    if transport_failure {
-        return leader_unreachable(shard, node, &remote);
+impl From<RequestError> for Status {
+    fn from(error: RequestError) -> Self {
+        let code = match &error {
+            RequestError::Invalid(_) => Code::InvalidArgument,
+            RequestError::Stale(_) => Code::FailedPrecondition,
+            RequestError::Exhausted { .. } => Code::ResourceExhausted,
+            RequestError::NoLeader { .. }
+            | RequestError::LeaderUnreachable { .. }
+            | RequestError::Unavailable { .. } => Code::Unavailable,
+            RequestError::Relayed { grpc_code, .. } => Code::from_i32(*grpc_code),
+            RequestError::Internal(_) => Code::Internal,
+        };
+        let mut status = Status::new(code, error.to_string());
+        if let Some(retry_after) = error.retry_after() {
+            let millis = retry_after.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+            status.metadata_mut().insert(RETRY_AFTER_MS, millis.into());
+        }
+        status
     }
-    let mut status = Status::new(remote.code(), remote.message());
-    if let Some(hint) = hint {
-        status.metadata_mut().insert(RETRY_AFTER_MS, hint);
-    }
-    status
 }
 
-/// The node is stopping.
-pub fn from_stopped(error: DispatcherStopped) -> Status {
-    Status::unavailable(error.to_string())
+impl From<InvalidRequest> for Status {
+    fn from(invalid: InvalidRequest) -> Self {
+        RequestError::from(invalid).into()
+    }
+}
+
+impl From<DispatcherStopped> for Status {
+    fn from(stopped: DispatcherStopped) -> Self {
+        RequestError::from(stopped).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::error::NO_LEADER_RETRY_AFTER;
+
+    fn retry_after_ms(status: &Status) -> Option<&str> {
+        status
+            .metadata()
+            .get(RETRY_AFTER_MS)
+            .map(|value| value.to_str().expect("ascii"))
+    }
+
+    #[test]
+    fn a_bad_request_is_invalid_argument_without_a_retry_hint() {
+        let status = Status::from(InvalidRequest::ZeroCredits);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "credits must be > 0");
+        assert_eq!(retry_after_ms(&status), None);
+    }
+
+    #[test]
+    fn refusals_that_pass_with_time_carry_their_retry_hint() {
+        let full = Status::from(RequestError::Exhausted {
+            message: "full".into(),
+            retry_after: Duration::from_millis(250),
+        });
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert_eq!(retry_after_ms(&full), Some("250"));
+        let no_leader = Status::from(RequestError::NoLeader {
+            shard: 3,
+            leader: Some(2),
+        });
+        assert_eq!(no_leader.code(), Code::Unavailable);
+        assert!(no_leader.message().contains("node 2 may lead it"));
+        let hint = NO_LEADER_RETRY_AFTER.as_millis().to_string();
+        assert_eq!(retry_after_ms(&no_leader), Some(hint.as_str()));
+    }
+
+    #[test]
+    fn a_leaders_own_refusal_is_relayed_with_its_code_and_hint() {
+        let relayed = Status::from(RequestError::Relayed {
+            grpc_code: Code::ResourceExhausted as i32,
+            message: "over rate".into(),
+            retry_after: Some(Duration::from_millis(40)),
+        });
+        assert_eq!(relayed.code(), Code::ResourceExhausted);
+        assert_eq!(relayed.message(), "over rate");
+        assert_eq!(retry_after_ms(&relayed), Some("40"));
+        let stale = Status::from(RequestError::Stale("old".into()));
+        assert_eq!(stale.code(), Code::FailedPrecondition);
+    }
 }

@@ -52,7 +52,7 @@ impl AdminService {
         };
         let results = futures::future::join_all(shards.iter().map(|&shard| {
             let op = Op::SetPolicy(change.clone());
-            async move { (shard, self.committer.commit(shard, op).await) }
+            async move { (shard, self.router.commit(shard, op).await) }
         }))
         .await;
         let mut stored = None;
@@ -61,7 +61,7 @@ impl AdminService {
             match result {
                 Ok(OpReply::PolicySet { policy }) => stored = Some(policy),
                 Ok(other) => failed.push(format!("shard {shard} answered {other:?}")),
-                Err(status) => failed.push(format!("shard {shard}: {}", status.message())),
+                Err(error) => failed.push(format!("shard {shard}: {error}")),
             }
         }
         if let Some(first) = failed.first() {
@@ -230,7 +230,7 @@ impl AdminService {
             } else {
                 Op::DeleteDeadLetters(selection)
             };
-            self.committer.commit(shard, op)
+            self.router.commit(shard, op)
         }))
         .await;
         let mut count = 0;
@@ -255,7 +255,7 @@ fn optional_producer(producer: &str) -> Result<Option<String>, Status> {
     if producer.is_empty() {
         return Ok(None);
     }
-    request::producer_id(producer).map(Some)
+    Ok(Some(request::producer_id(producer)?))
 }
 
 /// `<shard>:<id>` as [`dead_letter`] writes it.

@@ -1,0 +1,16 @@
+//! Leadership of shards as the node follows and steers it:
+//!
+//! - `watch.rs`: tells the dispatcher when this node gains (confirmed) or
+//!   loses a shard's leadership.
+//! - `hand_back.rs`: a leader asked by a shard's preferred replica to step
+//!   aside decides whether to, and does (pauses the proposer, stops
+//!   dispatching, turns heartbeats off until the replica has taken over).
+//! - `rebalance.rs`: a node asks the leaders of the shards it is the
+//!   preferred replica of to hand them back.
+//!
+//! Raft itself (elections, terms, votes) is openraft's, in floret-cluster;
+//! the vote guard of a node that may have forgotten a vote is there too.
+
+pub mod hand_back;
+pub mod rebalance;
+pub mod watch;

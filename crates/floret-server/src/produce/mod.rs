@@ -1,0 +1,207 @@
+//! The produce path, one step per file:
+//!
+//! 1. `batch.rs`: the request is checked once and becomes a [`ProduceBatch`]
+//!    placed on its shard.
+//! 2. The [`ShardRouter`](crate::router::ShardRouter) finds the shard's
+//!    leader: a batch for a shard led elsewhere is forwarded whole, once
+//!    (a forwarded batch is never forwarded again).
+//! 3. `admission.rs`: on the leader, node backpressure (read by
+//!    `backpressure.rs`) and the producer's `produce_rate` (`rate.rs`)
+//!    decide whether it is admitted; both are pure decisions.
+//! 4. `proposer.rs`: the shard's proposer folds it with other operations
+//!    into one raft entry; the produce is answered once that entry is
+//!    applied, which is once it is durable on a majority.
+//! 5. [`ProducePipeline::answer`] turns what the state machine answered
+//!    (sequences, a stale idempotency sequence, the producer's limits) into
+//!    the client's answer or a [`RequestError`].
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A forwarded produce costs one more network round trip. Its answer
+//!   names the leader (`leader_address`), so a client given that node's
+//!   address sends the producer's next produces there directly.
+//! - Calls are admitted in arrival order: a flood of one-message calls
+//!   queues ahead of a quiet producer's call (no fair admission yet).
+
+pub mod admission;
+pub mod backpressure;
+pub mod batch;
+pub mod proposer;
+pub mod rate;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use floret_cluster::Shards;
+use floret_store::OpReply;
+
+pub use batch::ProduceBatch;
+
+use crate::config::Limits;
+use crate::error::RequestError;
+use crate::router::{Route, ShardRouter};
+use backpressure::Backpressure;
+use rate::RateLimiter;
+
+/// What a committed produce answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProduceAnswer {
+    /// The sequences the messages got, in order.
+    pub sequences: Vec<u64>,
+    /// The batch was applied before (same producer sequence): these are the original sequences.
+    pub duplicate: bool,
+    /// The address of the node that led the shard, to send the producer's next produces to.
+    pub leader_address: String,
+}
+
+/// The produce path of one node.
+pub struct ProducePipeline {
+    shards: Arc<Shards>,
+    router: ShardRouter,
+    limits: Limits,
+    rates: RateLimiter,
+    backpressure: Backpressure,
+    /// This node's address as its peers dial it, named in the answers to
+    /// the produces it commits as leader.
+    leader_address: String,
+}
+
+impl ProducePipeline {
+    /// The produce path over the node's shards, with its limits and backpressure.
+    pub fn new(
+        shards: Arc<Shards>,
+        router: ShardRouter,
+        limits: Limits,
+        backpressure: Backpressure,
+    ) -> Self {
+        let leader_address = shards
+            .peers()
+            .address(shards.node_id())
+            .unwrap_or_default()
+            .to_owned();
+        Self {
+            shards,
+            router,
+            limits,
+            rates: RateLimiter::default(),
+            backpressure,
+            leader_address,
+        }
+    }
+
+    /// Checks a produce request at `now_ms` and places it on its shard.
+    pub fn parse(
+        &self,
+        request: floret_proto::v1::ProduceRequest,
+        now_ms: i64,
+    ) -> Result<ProduceBatch, RequestError> {
+        let placement = self.shards.placement();
+        Ok(ProduceBatch::parse(
+            request,
+            &self.limits,
+            placement,
+            now_ms,
+        )?)
+    }
+
+    /// Stores `batch` through its shard's leader; `forwarded` when another
+    /// node sent it here as that leader. `now_ms` stamps the messages.
+    pub async fn produce(
+        &self,
+        batch: ProduceBatch,
+        forwarded: bool,
+        now_ms: i64,
+    ) -> Result<ProduceAnswer, RequestError> {
+        let shard = batch.shard;
+        let proposer = match self.router.route(shard) {
+            Ok(Route::Here(proposer)) => proposer,
+            _ if forwarded => {
+                return Err(RequestError::NoLeader {
+                    shard,
+                    leader: self.shards.leader_of(shard),
+                });
+            }
+            Ok(Route::Leader(node)) => {
+                let max_request_bytes = self.limits.max_request_bytes;
+                return self
+                    .router
+                    .forward_produce(shard, node, batch.into_wire(), max_request_bytes)
+                    .await;
+            }
+            Err(error) => return Err(error),
+        };
+        self.admit(&batch)?;
+        let count = batch.messages.len();
+        let producer = batch.producer.clone();
+        let producer_sequence = batch.producer_sequence;
+        let reply = proposer.propose(batch.into_op(now_ms)).await?;
+        metrics::counter!("floret_produced_messages_total").increment(count as u64);
+        self.answer(reply, &producer, producer_sequence, count)
+    }
+
+    /// Node backpressure and the producer's rate, on the shard's leader.
+    fn admit(&self, batch: &ProduceBatch) -> Result<(), RequestError> {
+        let Some(group) = self.shards.group(batch.shard) else {
+            return Ok(());
+        };
+        let (queue, producer) = (&batch.queue, &batch.producer);
+        let policy = group.reader.policy(queue, producer);
+        let weight = policy.weight.unwrap_or(1);
+        self.backpressure
+            .admit(&group.reader, queue, producer, weight, &batch.messages)?;
+        if let Some(rate) = policy.produce_rate {
+            let messages = batch.messages.len() as u64;
+            let taken = self
+                .rates
+                .take(queue, producer, rate, messages, Instant::now());
+            if let Err(wait) = taken {
+                metrics::counter!("floret_produce_throttled_total").increment(1);
+                return Err(admission::over_rate(producer, rate, wait));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the state machine answered a produce of `count` messages.
+    fn answer(
+        &self,
+        reply: OpReply,
+        producer: &str,
+        producer_sequence: Option<u64>,
+        count: usize,
+    ) -> Result<ProduceAnswer, RequestError> {
+        match reply {
+            OpReply::Enqueued {
+                first_sequence,
+                count,
+                duplicate,
+            } => Ok(ProduceAnswer {
+                sequences: (first_sequence..first_sequence + count).collect(),
+                duplicate,
+                leader_address: self.leader_address.clone(),
+            }),
+            OpReply::StaleProducerSequence { last } => Err(RequestError::Stale(format!(
+                "producer_sequence {} is older than the last one applied for this producer ({last}); its sequences are no longer known",
+                producer_sequence.unwrap_or_default()
+            ))),
+            OpReply::OverLimit {
+                messages,
+                bytes,
+                batch_bytes,
+                policy,
+            } => {
+                metrics::counter!("floret_produce_rejected_total").increment(1);
+                let held = (messages, bytes);
+                Err(admission::over_limit(
+                    producer,
+                    count,
+                    batch_bytes,
+                    held,
+                    &policy,
+                ))
+            }
+            OpReply::Removed { .. } | OpReply::PolicySet { .. } | OpReply::Replayed { .. } => Err(
+                RequestError::Internal(format!("a produce was answered with {reply:?}")),
+            ),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Cluster status: this node's own view (itself and the shards it holds)
+//! and every node's views merged, each shard as its leader reports it,
+//! with every replica's progress and every node's gossip verdict.
+
+use std::collections::BTreeMap;
+
+use floret_proto::v1;
+
+use super::AdminService;
+
+/// Resident memory of this process, from `/proc/self/status` (Linux only).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kibibytes * 1024)
+}
+
+impl AdminService {
+    /// This node's own view: itself, and the shards it holds.
+    pub(super) fn local_view(&self) -> v1::ClusterStatusResponse {
+        let node_id = self.shards.node_id();
+        let replicas = self.shards.replicas();
+        let shards: Vec<v1::ShardStatus> = self
+            .shards
+            .groups()
+            .map(|group| {
+                let metrics = group.raft.metrics().borrow().clone();
+                v1::ShardStatus {
+                    shard_id: group.id,
+                    leader_id: metrics.current_leader.unwrap_or(0),
+                    term: metrics.current_term,
+                    applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
+                    last_log_index: metrics.last_log_index.unwrap_or(0),
+                    voters: metrics.membership_config.membership().voter_ids().collect(),
+                    preferred_leader_id: replicas.preferred_leader(group.id),
+                    replicas: Vec::new(),
+                }
+            })
+            .collect();
+        let shards_led = shards.iter().filter(|s| s.leader_id == node_id).count() as u32;
+        v1::ClusterStatusResponse {
+            node_id,
+            nodes: vec![v1::NodeStatus {
+                node_id,
+                address: self.address.clone(),
+                reachable: true,
+                shards_led,
+                resident_bytes: resident_bytes().unwrap_or(0),
+                ..Default::default()
+            }],
+            shards,
+        }
+    }
+
+    /// Every node's view merged: each shard as its leader reports it (else
+    /// the replica with the highest term), with every replica's progress.
+    pub(super) fn merge(
+        &self,
+        views: BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
+    ) -> v1::ClusterStatusResponse {
+        let mut nodes = self.merge_nodes(&views);
+        let shards = self.merge_shards(&views);
+        self.add_gossip_verdicts(&mut nodes);
+        v1::ClusterStatusResponse {
+            node_id: self.shards.node_id(),
+            nodes,
+            shards,
+        }
+    }
+
+    /// Each node as it reports itself, or unreachable with why.
+    fn merge_nodes(
+        &self,
+        views: &BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
+    ) -> Vec<v1::NodeStatus> {
+        let peers = self.shards.peers();
+        views
+            .iter()
+            .map(|(&node_id, view)| match view {
+                Ok(view) => v1::NodeStatus {
+                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    ..view.nodes.first().cloned().unwrap_or_default()
+                },
+                Err(error) => v1::NodeStatus {
+                    node_id,
+                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    reachable: false,
+                    error: error.clone(),
+                    ..Default::default()
+                },
+            })
+            .collect()
+    }
+
+    /// Each shard as its leader reports it (else the replica with the
+    /// highest term), with every replica's applied index and lag.
+    fn merge_shards(
+        &self,
+        views: &BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
+    ) -> Vec<v1::ShardStatus> {
+        let reports: BTreeMap<(u32, u64), &v1::ShardStatus> = views
+            .iter()
+            .filter_map(|(&node, view)| view.as_ref().ok().map(|view| (node, view)))
+            .flat_map(|(node, view)| view.shards.iter().map(move |s| ((s.shard_id, node), s)))
+            .collect();
+        let placement = self.shards.replicas();
+        (0..self.shards.placement().shard_count())
+            .map(|shard| {
+                let replicas = placement.replicas(shard);
+                let best = replicas
+                    .iter()
+                    .filter_map(|&node| reports.get(&(shard, node)).map(|s| (node, *s)))
+                    .max_by_key(|(node, s)| (s.leader_id == *node, s.term, s.last_log_index))
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or_else(|| v1::ShardStatus {
+                        shard_id: shard,
+                        preferred_leader_id: placement.preferred_leader(shard),
+                        ..Default::default()
+                    });
+                let replica_statuses = replicas
+                    .iter()
+                    .map(|&node| match reports.get(&(shard, node)) {
+                        Some(report) => v1::ReplicaStatus {
+                            node_id: node,
+                            reachable: true,
+                            applied_index: report.applied_index,
+                            lag: best.last_log_index.saturating_sub(report.applied_index),
+                        },
+                        None => v1::ReplicaStatus {
+                            node_id: node,
+                            ..Default::default()
+                        },
+                    })
+                    .collect();
+                v1::ShardStatus {
+                    replicas: replica_statuses,
+                    ..best
+                }
+            })
+            .collect()
+    }
+
+    /// What the gossip view says of each node: liveness, heartbeat age and load.
+    fn add_gossip_verdicts(&self, nodes: &mut [v1::NodeStatus]) {
+        let Some(view) = &self.view else {
+            return;
+        };
+        let view = view.borrow().clone();
+        for node in nodes {
+            let Some(seen) = view.get(&node.node_id) else {
+                node.liveness = "unknown".into();
+                continue;
+            };
+            node.liveness = seen.liveness.as_str().into();
+            node.heartbeat_age_ms = seen.age.as_millis() as u64;
+            let queues = seen.report.queues.values();
+            node.backlog_messages = queues.clone().map(|q| q.messages).sum();
+            node.backlog_bytes = queues.clone().map(|q| q.bytes).sum();
+            node.backlogged_producers = queues.clone().map(|q| q.backlogged_producers).sum();
+            node.dispatch_rate = queues.map(|q| q.dispatch_rate).sum();
+        }
+    }
+}

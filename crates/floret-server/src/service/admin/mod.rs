@@ -1,0 +1,223 @@
+//! The `floret.v1.Admin` service: cluster status (`cluster_status.rs`),
+//! queue statistics (`queue_stats.rs`), replica digests, and policies and
+//! dead letters (`policies.rs`).
+//!
+//! Queue statistics combine the durable per-producer counters of every shard
+//! (read from the state machines, off the async runtime) with the
+//! dispatcher's in-memory delivery counters.
+//!
+//! Cluster status asks every peer for its own view (`local_only`) and merges
+//! them: each shard as its leader sees it, with every replica's applied
+//! index and lag, and every node's reachability and gossip verdict. Queue
+//! statistics do the same: each producer as the leader of its shard reports
+//! it (durable counters, deliveries and dwell times in the recent window,
+//! DRR weight and deficit), and Jain's index is computed over the merged
+//! producers.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Statistics list every producer with stored state; there is no paging yet.
+//! - A shard without a reachable leader is reported from the replica that
+//!   applied the most acks, without delivery figures.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floret_cluster::{Shards, View};
+use floret_proto::v1;
+use floret_store::NodeId;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::deliver::DispatcherHandle;
+use crate::request;
+use crate::router::ShardRouter;
+
+mod cluster_status;
+mod policies;
+mod queue_stats;
+
+use queue_stats::merge_queue_stats;
+
+/// Serves inspection of one node.
+pub struct AdminService {
+    shards: Arc<Shards>,
+    dispatcher: DispatcherHandle,
+    router: ShardRouter,
+    address: String,
+    view: Option<watch::Receiver<Arc<View>>>,
+}
+
+impl AdminService {
+    /// A service over the node's shards and dispatcher; `address` is what clients dial.
+    pub fn new(
+        shards: Arc<Shards>,
+        dispatcher: DispatcherHandle,
+        router: ShardRouter,
+        address: String,
+        view: Option<watch::Receiver<Arc<View>>>,
+    ) -> Self {
+        Self {
+            shards,
+            dispatcher,
+            router,
+            address,
+            view,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl v1::admin_server::Admin for AdminService {
+    async fn cluster_status(
+        &self,
+        request: Request<v1::ClusterStatusRequest>,
+    ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        let local = self.local_view();
+        if request.into_inner().local_only {
+            return Ok(Response::new(local));
+        }
+        let mut views = self
+            .ask_peers(|mut client| async move {
+                client
+                    .cluster_status(v1::ClusterStatusRequest { local_only: true })
+                    .await
+            })
+            .await;
+        views.insert(self.shards.node_id(), Ok(local));
+        Ok(Response::new(self.merge(views)))
+    }
+
+    async fn queue_stats(
+        &self,
+        request: Request<v1::QueueStatsRequest>,
+    ) -> Result<Response<v1::QueueStatsResponse>, Status> {
+        let request = request.into_inner();
+        let wanted = (!request.queue.is_empty())
+            .then(|| request::queue_name(&request.queue))
+            .transpose()?;
+        let local = self.local_stats(wanted).await?;
+        if request.local_only || self.shards.peers().others().next().is_none() {
+            return Ok(Response::new(local));
+        }
+        let queue = request.queue;
+        let mut answers: Vec<v1::QueueStatsResponse> = self
+            .ask_peers(|mut client| {
+                let queue = queue.clone();
+                async move {
+                    client
+                        .queue_stats(v1::QueueStatsRequest {
+                            queue,
+                            local_only: true,
+                        })
+                        .await
+                }
+            })
+            .await
+            .into_values()
+            .filter_map(Result::ok)
+            .collect();
+        answers.push(local);
+        Ok(Response::new(merge_queue_stats(answers)))
+    }
+
+    async fn replica_digests(
+        &self,
+        _request: Request<v1::ReplicaDigestsRequest>,
+    ) -> Result<Response<v1::ReplicaDigestsResponse>, Status> {
+        let shards = self.shards.clone();
+        let replicas = tokio::task::spawn_blocking(move || replica_digests(&shards))
+            .await
+            .map_err(|e| Status::internal(format!("digest task failed: {e}")))??;
+        Ok(Response::new(v1::ReplicaDigestsResponse { replicas }))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<v1::SetPolicyRequest>,
+    ) -> Result<Response<v1::SetPolicyResponse>, Status> {
+        self.set_policy_in_shards(request.into_inner()).await
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<v1::GetPolicyRequest>,
+    ) -> Result<Response<v1::GetPolicyResponse>, Status> {
+        self.get_policy_from_a_replica(request.into_inner()).await
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<v1::ListDeadLettersRequest>,
+    ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
+        self.list_dead_letters_everywhere(request.into_inner())
+            .await
+    }
+
+    async fn replay_dead_letters(
+        &self,
+        request: Request<v1::DeadLetterIds>,
+    ) -> Result<Response<v1::DeadLettersChanged>, Status> {
+        self.change_dead_letters(request.into_inner(), true).await
+    }
+
+    async fn delete_dead_letters(
+        &self,
+        request: Request<v1::DeadLetterIds>,
+    ) -> Result<Response<v1::DeadLettersChanged>, Status> {
+        self.change_dead_letters(request.into_inner(), false).await
+    }
+}
+
+/// Applied index and state digest of every shard replica this node holds.
+fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
+    shards
+        .groups()
+        .map(|group| {
+            let read_error = |e: floret_store::StorageError| {
+                Status::internal(format!("cannot read shard {}: {e}", group.id))
+            };
+            let applied = group.reader.applied_state().map_err(read_error)?;
+            let (digest, keys) = group.reader.digest().map_err(read_error)?;
+            Ok(v1::ReplicaDigest {
+                shard_id: group.id,
+                applied_index: applied.last_applied.map_or(0, |id| id.index),
+                digest,
+                keys,
+            })
+        })
+        .collect()
+}
+
+/// How long the answering node waits for each peer's view.
+const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl AdminService {
+    /// Asks every other node's Admin service with `call` (their own view,
+    /// `local_only`), each within [`PEER_STATUS_TIMEOUT`]: per node, the
+    /// answer or why there is none.
+    async fn ask_peers<T, F, Fut>(&self, call: F) -> BTreeMap<NodeId, Result<T, String>>
+    where
+        F: Fn(v1::admin_client::AdminClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let peers = self.shards.peers();
+        let asks = peers.others().map(|node| {
+            let client = peers.channel(node).map(v1::admin_client::AdminClient::new);
+            let call = client.map(&call);
+            async move {
+                let Some(call) = call else {
+                    return (node, Err("not a member".to_owned()));
+                };
+                let answer = match tokio::time::timeout(PEER_STATUS_TIMEOUT, call).await {
+                    Ok(Ok(answer)) => Ok(answer.into_inner()),
+                    Ok(Err(status)) => Err(status.message().to_owned()),
+                    Err(_) => Err(format!("no answer within {PEER_STATUS_TIMEOUT:?}")),
+                };
+                (node, answer)
+            }
+        });
+        futures::future::join_all(asks).await.into_iter().collect()
+    }
+}

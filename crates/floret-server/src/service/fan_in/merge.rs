@@ -1,0 +1,288 @@
+//! The merge task of one consumer: takes deliveries from this node's
+//! dispatcher and every peer's stream, forwards them within the consumer's
+//! credits (holding the rest), handles the consumer's credits, acks and
+//! nacks, and rebalances the sources' credits (`credits.rs`) on every event
+//! and every [`REBALANCE_INTERVAL`].
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use floret_cluster::View;
+use floret_proto::v1::{self, consume_request, consume_response};
+use floret_store::NodeId;
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+use super::peer_source::{PeerSource, follow_peer};
+use super::{CreditChange, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources};
+use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::request::{self, InvalidRequest};
+use crate::service::convert;
+use crate::service::credit_split::CreditSplit;
+use crate::settle::Settler;
+
+/// What the merge task works on.
+pub(super) struct Merge {
+    pub(super) queue: String,
+    pub(super) dispatcher: DispatcherHandle,
+    pub(super) local_consumer: ConsumerId,
+    /// Node of each source (this node first).
+    pub(super) nodes: Vec<NodeId>,
+    /// Credit senders of the peer streams, by source index - 1; each change
+    /// names the stream generation it is meant for.
+    pub(super) peer_credits: Vec<mpsc::UnboundedSender<(u64, CreditChange)>>,
+    /// Whether each source's stream is open (the local one always is).
+    pub(super) connected: Vec<bool>,
+    /// Credits each source was given and has not used for a delivery yet.
+    pub(super) outstanding: Vec<u64>,
+    /// Generation of each source's current stream; deliveries of an older
+    /// stream no longer count against its credits.
+    pub(super) generations: Vec<u64>,
+    pub(super) split: CreditSplit,
+    /// The gossip view, when there is one, and whether to weigh by it.
+    pub(super) view: Option<watch::Receiver<Arc<View>>>,
+    pub(super) cross_node_split: bool,
+    /// Credits the consumer granted and no delivery has used.
+    pub(super) consumer_credits: u64,
+    /// Most credits a consumer may hold.
+    pub(super) max_credits: u64,
+    /// The consumer's first credits: its window, as far as this node knows.
+    pub(super) initial_credits: u64,
+    /// Deliveries that arrived while the consumer had no credit.
+    pub(super) waiting: VecDeque<(SourceIndex, v1::Delivery)>,
+    pub(super) outbound: Outbound,
+}
+
+/// Serves one consumer of `queue` from every node: subscribes here and at
+/// every peer, then merges until the consumer's stream ends.
+pub async fn serve(
+    sources: Sources,
+    queue: String,
+    credits: u32,
+    inbound: Streaming<v1::ConsumeRequest>,
+    outbound: Outbound,
+) -> Result<(), Status> {
+    let Sources {
+        dispatcher,
+        settler,
+        peers,
+        max_credits,
+        view,
+        cross_node_split,
+    } = sources;
+    let others: Vec<NodeId> = peers.others().collect();
+    let source_count = 1 + others.len();
+    let (local_events, local_deliveries) = mpsc::unbounded_channel();
+    let local_consumer = dispatcher
+        .subscribe(queue.clone(), 1, local_events, false)
+        .await
+        .map_err(Status::from)?;
+    let (peer_events, peer_deliveries) = mpsc::unbounded_channel();
+    let mut peer_credits = Vec::with_capacity(others.len());
+    for (offset, &node) in others.iter().enumerate() {
+        let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
+        peer_credits.push(credit_sender);
+        tokio::spawn(follow_peer(
+            PeerSource {
+                index: offset + 1,
+                node,
+                queue: queue.clone(),
+                peers: peers.clone(),
+            },
+            credit_receiver,
+            peer_events.clone(),
+        ));
+    }
+    let mut connected = vec![false; source_count];
+    connected[0] = true;
+    let mut outstanding = vec![0; source_count];
+    outstanding[0] = 1;
+    let merge = Merge {
+        queue,
+        dispatcher,
+        local_consumer,
+        nodes: std::iter::once(peers.node_id()).chain(others).collect(),
+        peer_credits,
+        connected,
+        outstanding,
+        generations: vec![0; source_count],
+        split: CreditSplit::new(source_count),
+        view,
+        cross_node_split,
+        consumer_credits: u64::from(credits.min(max_credits)),
+        max_credits: u64::from(max_credits),
+        initial_credits: u64::from(credits.min(max_credits)),
+        waiting: VecDeque::new(),
+        outbound,
+    };
+    tokio::spawn(merge.run(inbound, local_deliveries, peer_deliveries, settler));
+    Ok(())
+}
+
+impl Merge {
+    async fn run(
+        mut self,
+        inbound: Streaming<v1::ConsumeRequest>,
+        mut local: mpsc::UnboundedReceiver<ConsumerEvent>,
+        mut peers: mpsc::UnboundedReceiver<PeerEvent>,
+        settler: Settler,
+    ) {
+        let (requests_sender, mut requests) = mpsc::unbounded_channel();
+        tokio::spawn(read_requests(inbound, requests_sender));
+        let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                request = requests.recv() => match request {
+                    Some(Ok(request)) => {
+                        if let Err(status) = self.on_request(request, &settler) {
+                            let _consumer_gone = self.outbound.send(Err(status));
+                            break;
+                        }
+                    }
+                    Some(Err(())) | None => break,
+                },
+                Some(event) = local.recv() => match event {
+                    ConsumerEvent::Delivery(delivered) => {
+                        self.on_delivery(0, 0, convert::delivery(*delivered));
+                    }
+                    ConsumerEvent::Settled(outcomes) => {
+                        self.send(consume_response::Response::Settled(v1::SettleResult {
+                            outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
+                        }));
+                    }
+                },
+                Some(event) = peers.recv() => match event {
+                    PeerEvent::Connected(source) => {
+                        self.connected[source] = true;
+                        self.outstanding[source] = 1;
+                    }
+                    PeerEvent::Delivery(source, generation, delivery) => {
+                        self.on_delivery(source, generation, delivery);
+                    }
+                    PeerEvent::Disconnected(source) => {
+                        self.connected[source] = false;
+                        self.outstanding[source] = 0;
+                        self.generations[source] += 1;
+                        self.waiting.retain(|(index, _)| *index != source);
+                    }
+                },
+            }
+            if self.outbound.is_closed() {
+                break;
+            }
+            if let Err(status) = self.rebalance() {
+                let _consumer_gone = self.outbound.send(Err(status));
+                break;
+            }
+        }
+        self.dispatcher.consumer_gone(self.local_consumer);
+    }
+
+    fn send(&self, response: consume_response::Response) {
+        let _consumer_gone = self.outbound.send(Ok(v1::ConsumeResponse {
+            response: Some(response),
+        }));
+    }
+
+    fn on_delivery(&mut self, source: SourceIndex, generation: u64, delivery: v1::Delivery) {
+        if generation == self.generations[source] {
+            self.outstanding[source] = self.outstanding[source].saturating_sub(1);
+        }
+        if self.consumer_credits == 0 {
+            self.waiting.push_back((source, delivery));
+            return;
+        }
+        self.forward(delivery);
+    }
+
+    fn forward(&mut self, delivery: v1::Delivery) {
+        self.consumer_credits -= 1;
+        self.send(consume_response::Response::Delivery(delivery));
+    }
+
+    fn on_request(&mut self, request: v1::ConsumeRequest, settler: &Settler) -> Result<(), Status> {
+        match request.request {
+            Some(consume_request::Request::Credit(credit)) if credit.set => {
+                Err(InvalidRequest::Malformed(
+                    "credit.set is for streams between nodes (local_only); consumers add credits",
+                )
+                .into())
+            }
+            Some(consume_request::Request::Credit(credit)) => {
+                let credits = request::credits(credit.credits)?;
+                self.on_credit(credits)
+            }
+            Some(consume_request::Request::Ack(settle)) => {
+                self.settle(request::settle_kind(false, &settle)?, settle, settler)
+            }
+            Some(consume_request::Request::Nack(settle)) => {
+                self.settle(request::settle_kind(true, &settle)?, settle, settler)
+            }
+            Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
+                "this stream is already subscribed; open another stream for another queue",
+            )
+            .into()),
+            None => Err(InvalidRequest::Malformed("empty consume request").into()),
+        }
+    }
+
+    fn on_credit(&mut self, credits: u32) -> Result<(), Status> {
+        self.consumer_credits = (self.consumer_credits + u64::from(credits)).min(self.max_credits);
+        while self.consumer_credits > 0 {
+            let Some((_, delivery)) = self.waiting.pop_front() else {
+                break;
+            };
+            self.forward(delivery);
+        }
+        Ok(())
+    }
+
+    fn settle(
+        &self,
+        kind: SettleKind,
+        settle: v1::Settle,
+        settler: &Settler,
+    ) -> Result<(), Status> {
+        if settle.delivery_ids.is_empty() {
+            return Err(
+                InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
+            );
+        }
+        let (settler, outbound) = (settler.clone(), self.outbound.clone());
+        tokio::spawn(async move {
+            if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
+                let _consumer_gone = outbound.send(Ok(v1::ConsumeResponse {
+                    response: Some(consume_response::Response::Settled(v1::SettleResult {
+                        outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
+                    })),
+                }));
+            }
+        });
+        tracing::trace!(queue = self.queue, "settle sent");
+        Ok(())
+    }
+}
+
+/// Reads the consumer's requests; `Err(())` when its stream failed.
+async fn read_requests(
+    mut inbound: Streaming<v1::ConsumeRequest>,
+    requests: mpsc::UnboundedSender<Result<v1::ConsumeRequest, ()>>,
+) {
+    loop {
+        match inbound.message().await {
+            Ok(Some(request)) => {
+                if requests.send(Ok(request)).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "consume stream failed");
+                let _merge_gone = requests.send(Err(()));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! One peer's dispatcher as a source of a merge: a `local_only` consume
+//! stream kept open to the peer while the merge lives, its deliveries
+//! passed in and the merge's credits passed out; a broken stream is opened
+//! again after a pause.
+
+use std::sync::Arc;
+
+use floret_cluster::Peers;
+use floret_proto::v1::{self, consume_request, consume_response};
+use floret_store::NodeId;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Status, Streaming};
+
+use super::{
+    CreditChange, MAX_DELIVERY_BYTES, OPEN_TIMEOUT, PeerEvent, RECONNECT_PAUSE, SourceIndex,
+};
+
+/// One peer's dispatcher as a source of the merge.
+pub(super) struct PeerSource {
+    pub index: SourceIndex,
+    pub node: NodeId,
+    pub queue: String,
+    pub peers: Arc<Peers>,
+}
+
+/// Keeps a `local_only` consume stream open to one peer while the merge
+/// lives, passing its deliveries in and the merge's credits out.
+pub(super) async fn follow_peer(
+    source: PeerSource,
+    mut credits: mpsc::UnboundedReceiver<(u64, CreditChange)>,
+    events: mpsc::UnboundedSender<PeerEvent>,
+) {
+    let Some(channel) = source.peers.channel(source.node) else {
+        return;
+    };
+    let mut generation = 0;
+    loop {
+        while credits.try_recv().is_ok() {}
+        let (requests, outgoing) = mpsc::unbounded_channel();
+        match open(&source, channel.clone(), &requests, outgoing).await {
+            Ok(deliveries) => {
+                if events.send(PeerEvent::Connected(source.index)).is_err() {
+                    return;
+                }
+                let stream = PeerStream {
+                    source: &source,
+                    generation,
+                    requests: &requests,
+                    events: &events,
+                };
+                if stream.relay(deliveries, &mut credits).await == Relay::MergeGone {
+                    return;
+                }
+            }
+            Err(status) => {
+                tracing::debug!(node = source.node, %status, "cannot open a consume stream on a peer");
+            }
+        }
+        if events.send(PeerEvent::Disconnected(source.index)).is_err() {
+            return;
+        }
+        generation += 1;
+        tokio::select! {
+            () = tokio::time::sleep(RECONNECT_PAUSE) => {}
+            () = events.closed() => return,
+        }
+    }
+}
+
+/// Opens a `local_only` consume stream of the source's queue on its node,
+/// with one credit; `requests` feeds `outgoing`, the stream's requests.
+async fn open(
+    source: &PeerSource,
+    channel: Channel,
+    requests: &mpsc::UnboundedSender<v1::ConsumeRequest>,
+    outgoing: mpsc::UnboundedReceiver<v1::ConsumeRequest>,
+) -> Result<Streaming<v1::ConsumeResponse>, Status> {
+    let subscribe = v1::ConsumeRequest {
+        request: Some(consume_request::Request::Subscribe(v1::Subscribe {
+            queue: source.queue.clone(),
+            credits: 1,
+            local_only: true,
+        })),
+    };
+    let _ = requests.send(subscribe);
+    let mut client =
+        v1::floret_client::FloretClient::new(channel).max_decoding_message_size(MAX_DELIVERY_BYTES);
+    let opened = tokio::time::timeout(
+        OPEN_TIMEOUT,
+        client.consume(UnboundedReceiverStream::new(outgoing)),
+    )
+    .await
+    .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")))?;
+    Ok(opened.into_inner())
+}
+
+/// How relaying a peer stream ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Relay {
+    /// The stream ended or broke: open it again.
+    StreamEnded,
+    /// The merge is gone: stop.
+    MergeGone,
+}
+
+/// One open stream to a peer, as the relay uses it.
+struct PeerStream<'a> {
+    source: &'a PeerSource,
+    /// Which stream of the source this is; credits meant for another are dropped.
+    generation: u64,
+    requests: &'a mpsc::UnboundedSender<v1::ConsumeRequest>,
+    events: &'a mpsc::UnboundedSender<PeerEvent>,
+}
+
+impl PeerStream<'_> {
+    /// Passes deliveries to the merge and its credits to the peer until
+    /// either side ends.
+    async fn relay(
+        &self,
+        mut deliveries: Streaming<v1::ConsumeResponse>,
+        credits: &mut mpsc::UnboundedReceiver<(u64, CreditChange)>,
+    ) -> Relay {
+        loop {
+            tokio::select! {
+                change = credits.recv() => {
+                    let Some((meant_for, change)) = change else {
+                        return Relay::MergeGone;
+                    };
+                    if meant_for == self.generation {
+                        self.send_credit(change);
+                    }
+                }
+                message = deliveries.message() => match message {
+                    Ok(Some(v1::ConsumeResponse { response: Some(consume_response::Response::Delivery(delivery)) })) => {
+                        let event = PeerEvent::Delivery(self.source.index, self.generation, delivery);
+                        if self.events.send(event).is_err() {
+                            return Relay::MergeGone;
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Relay::StreamEnded,
+                    Err(status) => {
+                        tracing::debug!(node = self.source.node, %status, "peer consume stream broke");
+                        return Relay::StreamEnded;
+                    }
+                },
+            }
+        }
+    }
+
+    fn send_credit(&self, change: CreditChange) {
+        let (credits, set) = match change {
+            CreditChange::Add(credits) => (credits, false),
+            CreditChange::Set(credits) => (credits, true),
+        };
+        let credit = v1::ConsumeRequest {
+            request: Some(consume_request::Request::Credit(v1::Credit {
+                credits,
+                set,
+            })),
+        };
+        let _ = self.requests.send(credit);
+    }
+}
