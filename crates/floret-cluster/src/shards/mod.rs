@@ -1,0 +1,242 @@
+//! The shards this node holds: one openraft group per shard whose replica
+//! set includes this node, all on the node's one database, created at start
+//! and shut down together, and the routing that says which node to ask
+//! about a shard.
+//!
+//! - `bootstrap.rs`: founding new groups, never twice.
+//! - `vote_guard.rs`: a node that may have forgotten a vote or an entry it
+//!   acknowledged grants no vote until a leader reaches it.
+//! - `tuning.rs`: raft timing and snapshot tunables.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Membership is fixed by configuration: no joint-consensus changes yet.
+
+mod bootstrap;
+mod tuning;
+mod vote_guard;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
+
+pub use tuning::RaftTuning;
+pub use vote_guard::VOTE_GUARD;
+
+use crate::gossip::{Liveness, View};
+use crate::network::PeerNetwork;
+use crate::peers::Peers;
+use crate::placement::{ReplicaPlacement, ShardPlacement};
+use tuning::raft_config;
+use vote_guard::forget_leadership;
+
+/// Why the shards could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardsError {
+    /// The data dir refused the configuration.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// sled failed to open a shard's trees.
+    #[error("cannot open the trees of shard {shard}: {source}")]
+    Trees {
+        /// The shard.
+        shard: ShardId,
+        /// The sled failure.
+        #[source]
+        source: sled::Error,
+    },
+    /// openraft refused the configuration or failed to start a group.
+    #[error("cannot start the raft group of shard {shard}: {reason}")]
+    Raft {
+        /// The shard.
+        shard: ShardId,
+        /// openraft's complaint.
+        reason: String,
+    },
+}
+
+/// One shard on this node: its raft group and read access to its queues.
+pub struct ShardGroup {
+    /// The shard's index.
+    pub id: ShardId,
+    /// The shard's raft group.
+    pub raft: Raft,
+    /// Reads the shard's applied state.
+    pub reader: ShardReader,
+}
+
+/// The shards this node holds, and the placements that say where every
+/// producer and every shard lives.
+pub struct Shards {
+    peers: Arc<Peers>,
+    groups: BTreeMap<ShardId, ShardGroup>,
+    placement: ShardPlacement,
+    replicas: ReplicaPlacement,
+    tuning: RaftTuning,
+    view: OnceLock<tokio::sync::watch::Receiver<Arc<View>>>,
+    /// Shards that refuse to grant votes until the instant given (or until
+    /// a leader reaches them), and why.
+    vote_guard: Mutex<BTreeMap<ShardId, Instant>>,
+    /// Whether the guard was set only because the data dir is new (lifted
+    /// for shards no peer has, see [`Shards::bootstrap`]).
+    guard_for_new_data_dir: bool,
+}
+
+impl Shards {
+    /// Opens the raft group of every shard this node holds. The groups do
+    /// not elect until [`Shards::bootstrap`] has run (or a peer's leader
+    /// reaches them), so the node can serve its peers first.
+    pub async fn open(
+        peers: Arc<Peers>,
+        database: &Database,
+        shard_count: u32,
+        replication_factor: usize,
+        tuning: &RaftTuning,
+        events: AppliedListener,
+    ) -> Result<Self, ShardsError> {
+        database.claim_shard_count(shard_count)?;
+        let node_id = peers.node_id();
+        let replicas = ReplicaPlacement::new(shard_count, &peers.node_ids(), replication_factor);
+        database.claim_placement(replicas.description())?;
+        let config =
+            Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
+        let lost_tail = database.log_cut_at_open() > 0;
+        let new_data_dir = database.created() && peers.others().next().is_some();
+        let mut groups = BTreeMap::new();
+        for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
+            let trees = |source| ShardsError::Trees { shard, source };
+            let raft_error = |reason: String| ShardsError::Raft { shard, reason };
+            let mut log_store = database.log_store(shard);
+            if lost_tail {
+                forget_leadership(&mut log_store)
+                    .await
+                    .map_err(|e| raft_error(e.to_string()))?;
+            }
+            let state_machine = database
+                .state_machine(shard, Some(events.clone()))
+                .map_err(trees)?;
+            let reader = state_machine.reader();
+            let network = PeerNetwork::new(shard, peers.clone());
+            let raft = Raft::new(node_id, config.clone(), network, log_store, state_machine)
+                .await
+                .map_err(|e| raft_error(e.to_string()))?;
+            groups.insert(
+                shard,
+                ShardGroup {
+                    id: shard,
+                    raft,
+                    reader,
+                },
+            );
+        }
+        let mut vote_guard = BTreeMap::new();
+        if lost_tail || new_data_dir {
+            tracing::warn!(
+                log_bytes_cut = database.log_cut_at_open(),
+                new_data_dir,
+                "this node may have lost votes or entries it acknowledged: it grants no vote until a leader reaches it"
+            );
+            let until = Instant::now() + VOTE_GUARD;
+            for (&shard, group) in &groups {
+                group.raft.runtime_config().elect(false);
+                vote_guard.insert(shard, until);
+            }
+        }
+        Ok(Self {
+            vote_guard: Mutex::new(vote_guard),
+            guard_for_new_data_dir: new_data_dir && !lost_tail,
+            peers,
+            groups,
+            placement: ShardPlacement::new(shard_count),
+            replicas,
+            tuning: tuning.clone(),
+            view: OnceLock::new(),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.peers.node_id()
+    }
+
+    /// The cluster's members.
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
+    }
+
+    /// The shard's group on this node, if this node holds a replica of it.
+    pub fn group(&self, shard: ShardId) -> Option<&ShardGroup> {
+        self.groups.get(&shard)
+    }
+
+    /// The shards this node holds, in id order.
+    pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+        self.groups.values()
+    }
+
+    /// Producer -> shard placement.
+    pub fn placement(&self) -> &ShardPlacement {
+        &self.placement
+    }
+
+    /// Shard -> replica set placement.
+    pub fn replicas(&self) -> &ReplicaPlacement {
+        &self.replicas
+    }
+
+    /// The raft tuning every group runs with.
+    pub fn tuning(&self) -> &RaftTuning {
+        &self.tuning
+    }
+
+    /// Whether this node currently leads `shard`.
+    pub fn leads(&self, shard: ShardId) -> bool {
+        self.leader_of(shard) == Some(self.node_id())
+    }
+
+    /// The leader of `shard` as this node knows it: from its own replica, or,
+    /// for a shard it does not hold, None.
+    pub fn leader_of(&self, shard: ShardId) -> Option<NodeId> {
+        self.group(shard)
+            .and_then(|group| group.raft.metrics().borrow().current_leader)
+    }
+
+    /// Lets [`Shards::route`] take leaders of shards this node does not
+    /// hold from the gossip view (set once, when gossip has started).
+    pub fn attach_view(&self, view: tokio::sync::watch::Receiver<Arc<View>>) {
+        let _already_attached = self.view.set(view);
+    }
+
+    /// The gossip view's verdict on `node`, if there is a view that knows it.
+    pub fn liveness(&self, node: NodeId) -> Option<Liveness> {
+        let view = self.view.get()?.borrow().clone();
+        view.get(&node).map(|seen| seen.liveness)
+    }
+
+    /// Where a request for `shard` should go: its leader as this node's own
+    /// replica knows it; else the node that gossips leading it (alive before
+    /// suspected, the most recently heard first); else its preferred replica.
+    pub fn route(&self, shard: ShardId) -> NodeId {
+        self.leader_of(shard)
+            .or_else(|| {
+                let view = self.view.get()?.borrow().clone();
+                view.iter()
+                    .filter(|(_, node)| {
+                        node.liveness != Liveness::Dead && node.report.shards_led.contains(&shard)
+                    })
+                    .min_by_key(|(_, node)| (node.liveness != Liveness::Alive, node.age))
+                    .map(|(&node, _)| node)
+            })
+            .unwrap_or_else(|| self.replicas.preferred_leader(shard))
+    }
+
+    /// Stops every raft group.
+    pub async fn shutdown(&self) {
+        for group in self.groups.values() {
+            if let Err(error) = group.raft.shutdown().await {
+                tracing::warn!(shard = group.id, %error, "raft group did not stop cleanly");
+            }
+        }
+    }
+}
