@@ -1,0 +1,310 @@
+//! openraft's state machine for one shard: per-producer queues in one sled
+//! tree, so each `apply` call is one crash-atomic [`ChangeSet`] (messages,
+//! producer records, last applied log id and membership together).
+//!
+//! Applying is deterministic: the leader chose the commit time, and the only
+//! replies are computed from the replicated state. A sled error is not
+//! deterministic and is returned as a `StorageError`, which stops the group
+//! rather than letting replicas diverge.
+//!
+//! Files: `overlay.rs` gathers one apply's changes and reads through them,
+//! `ops.rs` says what each operation means; this file is the openraft
+//! glue (apply, snapshots) and the events.
+//!
+//! The state machine reports what it applied through [`AppliedEvent`]s so the
+//! node's dispatcher learns of new messages without polling.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - `apply` does not flush: after a crash openraft re-applies from the last
+//!   applied id up to the committed one it saved in the log store.
+//! - A producer whose idle counters were forgotten starts again at sequence
+//!   0 and its last idempotency sequence is gone: retries are deduplicated
+//!   only within the idle time.
+//! - Replaying dead letters ignores the producer's limits (an operator's act).
+//! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
+//!   flight; their acks then answer "already acked".
+
+mod ops;
+mod overlay;
+
+use std::io::Cursor;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
+
+use crate::change_set::{ChangeSet, ChangeSetError};
+use crate::keys;
+use crate::reader::ShardReader;
+use crate::records::{AppliedState, encode};
+use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
+use crate::storage_error;
+use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
+
+/// What a shard applied that the node's dispatcher must know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppliedEvent {
+    /// `sequences` of one producer were committed.
+    Enqueued {
+        /// Shard that applied them.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+        /// The new messages' sequences.
+        sequences: Range<u64>,
+    },
+    /// A queue's default policy (`producer` None) or a producer's override changed.
+    PolicyChanged {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// The queue.
+        queue: String,
+        /// The producer, for an override.
+        producer: Option<String>,
+    },
+    /// A producer went over its limits and every message it had below
+    /// `below` was dropped or dead-lettered.
+    Dropped {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+        /// No message of the producer below this sequence is stored now.
+        below: u64,
+    },
+    /// An idle producer's counters were deleted: its sequences start again at 0.
+    Forgotten {
+        /// Shard that applied it.
+        shard: ShardId,
+        /// Queue of the producer.
+        queue: String,
+        /// The producer.
+        producer: String,
+    },
+    /// The shard's whole state was replaced by a snapshot.
+    Reset {
+        /// Shard whose state changed.
+        shard: ShardId,
+    },
+}
+
+/// Told of every [`AppliedEvent`], in apply order, right after the batch is written.
+/// It runs inside apply: keep it to a channel send.
+pub type AppliedListener = Arc<dyn Fn(AppliedEvent) + Send + Sync>;
+
+/// The state machine of one shard.
+pub struct StateMachine {
+    shard: ShardId,
+    reader: ShardReader,
+    snapshot_file: SnapshotFile,
+    events: Option<AppliedListener>,
+}
+
+impl StateMachine {
+    /// Opens the state-machine tree of `shard`; its snapshots go to `snapshot_dir`.
+    pub fn open(
+        db: &sled::Db,
+        shard: ShardId,
+        snapshot_dir: &Path,
+        events: Option<AppliedListener>,
+    ) -> Result<Self, sled::Error> {
+        let tree = db.open_tree(format!("shard-{shard}.sm"))?;
+        let completed = ChangeSet::recover(&tree).map_err(|error| match error {
+            ChangeSetError::Sled(error) => error,
+            redo => sled::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                redo.to_string(),
+            )),
+        })?;
+        if completed {
+            tracing::info!(shard, "completed an apply a crash interrupted");
+        }
+        let reader = ShardReader::new(tree).map_err(|error| {
+            sled::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                error.to_string(),
+            ))
+        })?;
+        Ok(Self {
+            shard,
+            reader,
+            snapshot_file: SnapshotFile::new(snapshot_dir, shard),
+            events,
+        })
+    }
+
+    /// Read access to this shard's queues, for the dispatcher and stats.
+    pub fn reader(&self) -> ShardReader {
+        self.reader.clone()
+    }
+
+    fn emit(&self, event: AppliedEvent) {
+        if let Some(listener) = &self.events {
+            listener(event);
+        }
+    }
+}
+
+use overlay::PendingApply;
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<u64, openraft::BasicNode>), StorageError> {
+        let applied = self.reader.applied_state()?;
+        Ok((applied.last_applied, applied.membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandReply>, StorageError>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut applied = self.reader.applied_state()?;
+        let mut pending = PendingApply::new(self.shard, &self.reader);
+        let mut replies = Vec::new();
+        for (position, entry) in entries.into_iter().enumerate() {
+            if position > 0 {
+                crate::failpoints::crash_if_fires("apply-mid-batch");
+            }
+            applied.last_applied = Some(entry.log_id);
+            let reply = match &entry.payload {
+                EntryPayload::Blank => CommandReply::default(),
+                EntryPayload::Membership(membership) => {
+                    applied.membership =
+                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    CommandReply::default()
+                }
+                EntryPayload::Normal(Command { ops }) => {
+                    let mut replies = Vec::with_capacity(ops.len());
+                    for op in ops {
+                        replies.push(match op {
+                            Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
+                            Op::EnqueueDelayed(delayed) => pending.enqueue_delayed(delayed)?,
+                            Op::ForgetIdle(idle) => pending.forget_idle(idle)?,
+                            Op::Remove(messages) => pending.remove(messages)?,
+                            Op::SetPolicy(change) => pending.set_policy(change),
+                            Op::Discard(discard) => pending.discard(discard)?,
+                            Op::ReplayDeadLetters(selection) => {
+                                pending.replay_dead_letters(selection)?
+                            }
+                            Op::DeleteDeadLetters(selection) => {
+                                pending.delete_dead_letters(selection)?
+                            }
+                        });
+                    }
+                    CommandReply { replies }
+                }
+            };
+            replies.push(reply);
+        }
+        let events = pending.commit(&applied)?;
+        for event in events {
+            self.emit(event);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            image: TreeImage::capture(self.reader.tree())
+                .map_err(storage_error::read_state_machine),
+            applied: self.reader.applied_state(),
+            file: self.snapshot_file.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let signature = Some(meta.signature());
+        let image = TreeImage::from_bytes(&data)
+            .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+        let tree = self.reader.tree();
+        let mut batch = sled::Batch::default();
+        for key in tree.iter().keys() {
+            batch.remove(key.map_err(storage_error::read_state_machine)?);
+        }
+        for (key, value) in image.pairs {
+            batch.insert(key, value);
+        }
+        batch.insert(
+            keys::APPLIED,
+            encode(&AppliedState {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+            }),
+        );
+        tree.apply_batch(batch)
+            .map_err(storage_error::write_state_machine)?;
+        self.reader.reload()?;
+        self.snapshot_file
+            .save(meta, &data)
+            .map_err(|e| storage_error::write_snapshot(signature, &e))?;
+        self.emit(AppliedEvent::Reset { shard: self.shard });
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let loaded = self
+            .snapshot_file
+            .load()
+            .map_err(|e| storage_error::read_snapshot(None, &e))?;
+        Ok(loaded.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// Builds a snapshot from the tree image taken when openraft asked for the
+/// builder (between two applies, so the image matches its applied log id).
+pub struct SnapshotBuilder {
+    image: Result<TreeImage, StorageError>,
+    applied: Result<AppliedState, StorageError>,
+    file: SnapshotFile,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let image = std::mem::take(self.image.as_mut().map_err(|e| e.clone())?);
+        let applied = self.applied.clone()?;
+        let snapshot_id = match applied.last_applied {
+            Some(log_id) => format!(
+                "{}-{}-{}",
+                log_id.leader_id,
+                log_id.index,
+                image.pairs.len()
+            ),
+            None => format!("empty-{}", image.pairs.len()),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership,
+            snapshot_id,
+        };
+        let data = image.to_bytes();
+        self.file
+            .save(&meta, &data)
+            .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}

@@ -1,0 +1,405 @@
+//! What each operation means, applied to the overlay: enqueue (with
+//! idempotency, limits and overflow), delays, removals, discards and dead
+//! letters, policies, forgetting idle producers. Deterministic: every
+//! reply is computed from the replicated state and the op alone.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use crate::keys;
+use crate::policy::{Overflow, Policy};
+use crate::records::{
+    DeadLetterRecord, ProducedBatch, StoredMessage, StoredMessageRef, decode, encode,
+};
+use crate::runs;
+use crate::storage_error;
+use crate::types::{
+    DeadLetterReason, DeadLetterSelection, DelayedEnqueue, Discard, Enqueue, IdleProducer,
+    MessageRef, OpReply, SetPolicy, StorageError,
+};
+
+use super::AppliedEvent;
+use super::overlay::{PendingApply, RunBytes};
+
+impl PendingApply<'_> {
+    pub(super) fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
+        let policy = self.policy(&enqueue.queue, &enqueue.producer);
+        let record = self.producer(&enqueue.queue, &enqueue.producer)?;
+        if let (Some(sequence), Some(last)) = (enqueue.producer_sequence, record.last_batch) {
+            if sequence == last.producer_sequence {
+                return Ok(OpReply::Enqueued {
+                    first_sequence: last.first_sequence,
+                    count: last.count,
+                    duplicate: true,
+                });
+            }
+            if sequence < last.producer_sequence {
+                return Ok(OpReply::StaleProducerSequence {
+                    last: last.producer_sequence,
+                });
+            }
+        }
+        let first_sequence = record.tail;
+        let count = enqueue.messages.len() as u64;
+        if crate::failpoints::fires("apply-drop-enqueue") {
+            return Ok(OpReply::Enqueued {
+                first_sequence,
+                count,
+                duplicate: false,
+            });
+        }
+        let mut values = Vec::with_capacity(enqueue.messages.len());
+        let mut added_bytes = 0;
+        for message in &enqueue.messages {
+            let value = encode(&StoredMessageRef {
+                payload: &message.payload,
+                headers: &message.headers,
+                enqueued_at_ms: enqueue.enqueued_at_ms,
+            });
+            added_bytes += value.len() as u64;
+            values.push(value);
+        }
+        let overflow = policy.overflow.unwrap_or_default();
+        if overflow == Overflow::Reject
+            && policy.exceeded_by(record.messages + count, record.bytes + added_bytes)
+        {
+            return Ok(OpReply::OverLimit {
+                messages: record.messages,
+                bytes: record.bytes,
+                batch_bytes: added_bytes,
+                policy,
+            });
+        }
+        record.bytes += added_bytes;
+        record.tail += count;
+        record.messages += count;
+        if let Some(producer_sequence) = enqueue.producer_sequence {
+            record.last_batch = Some(ProducedBatch {
+                producer_sequence,
+                first_sequence,
+                count,
+            });
+        }
+        let over_limit = policy.exceeded_by(record.messages, record.bytes);
+        for run in runs::split(&values) {
+            let first = first_sequence + run.start as u64;
+            self.add_run(&enqueue.queue, &enqueue.producer, first, &values[run]);
+        }
+        self.events.push(AppliedEvent::Enqueued {
+            shard: self.shard,
+            queue: enqueue.queue.clone(),
+            producer: enqueue.producer.clone(),
+            sequences: first_sequence..first_sequence + count,
+        });
+        if over_limit {
+            self.trim_oldest(enqueue, policy, overflow == Overflow::DeadLetterOldest)?;
+        }
+        Ok(OpReply::Enqueued {
+            first_sequence,
+            count,
+            duplicate: false,
+        })
+    }
+
+    /// Appends messages that wait until `deliver_at_ms`: each gets a delay
+    /// key next to it.
+    pub(super) fn enqueue_delayed(
+        &mut self,
+        delayed: &DelayedEnqueue,
+    ) -> Result<OpReply, StorageError> {
+        let reply = self.enqueue(&delayed.enqueue)?;
+        if let OpReply::Enqueued {
+            first_sequence,
+            count,
+            duplicate: false,
+        } = reply
+        {
+            let (queue, producer) = (&delayed.enqueue.queue, &delayed.enqueue.producer);
+            for sequence in first_sequence..first_sequence + count {
+                if self.is_stored(queue, producer, sequence)? {
+                    let key = keys::message(queue, producer, sequence);
+                    self.changes
+                        .insert(keys::delay(&key), encode(&delayed.deliver_at_ms));
+                    self.delays_added.insert(key, delayed.deliver_at_ms);
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Takes the producer's oldest messages out until it is within its
+    /// limits again, keeping them as dead letters if `dead_letter`.
+    pub(super) fn trim_oldest(
+        &mut self,
+        enqueue: &Enqueue,
+        policy: Policy,
+        dead_letter: bool,
+    ) -> Result<(), StorageError> {
+        let (queue, producer) = (enqueue.queue.as_str(), enqueue.producer.as_str());
+        let record = self.producer(queue, producer)?.clone();
+        let (mut messages, mut bytes) = (record.messages, record.bytes);
+        let mut sequence = record.head;
+        let mut last = None;
+        while policy.exceeded_by(messages, bytes) {
+            let Some((run_key, start)) = self.run_from(queue, producer, sequence)? else {
+                break;
+            };
+            let first = keys::message_sequence(&run_key).expect("run keys end with a sequence");
+            let len = self.runs[&run_key].run.len();
+            for index in start..len {
+                if !policy.exceeded_by(messages, bytes) {
+                    break;
+                }
+                let Some(value) = self.remove_from_run(&run_key, index)? else {
+                    continue;
+                };
+                let sequence = first + index as u64;
+                messages -= 1;
+                bytes -= value.len() as u64;
+                last = Some(sequence);
+                self.forget_delay(&keys::message(queue, producer, sequence));
+                if dead_letter {
+                    self.keep_dead_letter(
+                        queue,
+                        DeadLetterRecord {
+                            producer: producer.to_owned(),
+                            sequence,
+                            reason: DeadLetterReason::Overflow,
+                            attempts: 0,
+                            dead_lettered_at_ms: enqueue.enqueued_at_ms,
+                            message: value,
+                        },
+                    )?;
+                }
+            }
+            sequence = first + len as u64;
+        }
+        let Some(last) = last else {
+            return Ok(());
+        };
+        let record = self.producer(queue, producer)?;
+        record.messages = messages;
+        record.bytes = bytes;
+        record.head = record.head.max(last + 1);
+        self.events.push(AppliedEvent::Dropped {
+            shard: self.shard,
+            queue: queue.to_owned(),
+            producer: producer.to_owned(),
+            below: last + 1,
+        });
+        Ok(())
+    }
+
+    /// Deletes a stored message, adjusting its producer's counters; returns
+    /// its value, or None if it was not stored.
+    pub(super) fn take(&mut self, message: &MessageRef) -> Result<Option<Vec<u8>>, StorageError> {
+        let (queue, producer) = (message.queue.as_str(), message.producer.as_str());
+        let Some((run_key, index)) = self.run_holding(queue, producer, message.sequence)? else {
+            return Ok(None);
+        };
+        let Some(value) = self.remove_from_run(&run_key, index)? else {
+            return Ok(None);
+        };
+        let record = self.producer(queue, producer)?;
+        record.messages -= 1;
+        record.bytes -= value.len() as u64;
+        if record.head == message.sequence {
+            record.head += 1;
+        }
+        self.forget_delay(&keys::message(queue, producer, message.sequence));
+        Ok(Some(value))
+    }
+
+    pub(super) fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for message in messages {
+            if self.take(message)?.is_some() {
+                self.producer(&message.queue, &message.producer)?.acked += 1;
+                count += 1;
+            }
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    pub(super) fn discard(&mut self, discard: &Discard) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for discarded in &discard.messages {
+            let Some(value) = self.take(&discarded.message)? else {
+                continue;
+            };
+            count += 1;
+            if discarded.dead_letter {
+                self.keep_dead_letter(
+                    &discarded.message.queue,
+                    DeadLetterRecord {
+                        producer: discarded.message.producer.clone(),
+                        sequence: discarded.message.sequence,
+                        reason: discarded.reason,
+                        attempts: discarded.attempts,
+                        dead_lettered_at_ms: discard.at_ms,
+                        message: value,
+                    },
+                )?;
+            }
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    pub(super) fn keep_dead_letter(
+        &mut self,
+        queue: &str,
+        record: DeadLetterRecord,
+    ) -> Result<(), StorageError> {
+        let id = match self.next_dead_letter.get(queue) {
+            Some(&id) => id,
+            None => match self
+                .tree()
+                .get(keys::next_dead_letter(queue))
+                .map_err(storage_error::read_state_machine)?
+            {
+                Some(bytes) => decode("next dead-letter id", &bytes)
+                    .map_err(storage_error::read_state_machine)?,
+                None => 0,
+            },
+        };
+        self.next_dead_letter.insert(queue.to_owned(), id + 1);
+        self.changes
+            .insert(keys::dead_letter(queue, id), encode(&record));
+        Ok(())
+    }
+
+    pub(super) fn set_policy(&mut self, change: &SetPolicy) -> OpReply {
+        let producer = change.producer.as_deref();
+        let stored = if change.replace {
+            change.policy
+        } else {
+            change
+                .policy
+                .over(self.stored_policy(&change.queue, producer))
+        };
+        let key = match producer {
+            Some(producer) => keys::producer_policy(&change.queue, producer),
+            None => keys::queue_policy(&change.queue),
+        };
+        if stored.is_empty() {
+            self.changes.remove(key);
+        } else {
+            self.changes.insert(key, encode(&stored));
+        }
+        self.policies_set
+            .push((change.queue.clone(), change.producer.clone(), stored));
+        self.events.push(AppliedEvent::PolicyChanged {
+            shard: self.shard,
+            queue: change.queue.clone(),
+            producer: change.producer.clone(),
+        });
+        OpReply::PolicySet { policy: stored }
+    }
+
+    /// The dead letters `selection` names that exist, each once, in id
+    /// order, with its key and decoded record.
+    pub(super) fn selected_dead_letters(
+        &self,
+        selection: &DeadLetterSelection,
+    ) -> Result<Vec<(Vec<u8>, DeadLetterRecord)>, StorageError> {
+        let ids: BTreeSet<u64> = selection.ids.iter().copied().collect();
+        let mut found = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = keys::dead_letter(&selection.queue, id);
+            if let Some(value) = self.get(&key)? {
+                let record =
+                    decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
+                found.push((key, record));
+            }
+        }
+        Ok(found)
+    }
+
+    pub(super) fn replay_dead_letters(
+        &mut self,
+        selection: &DeadLetterSelection,
+    ) -> Result<OpReply, StorageError> {
+        let dead_letters = self.selected_dead_letters(selection)?;
+        let count = dead_letters.len() as u64;
+        for (key, dead) in dead_letters {
+            let mut message: StoredMessage =
+                decode("message", &dead.message).map_err(storage_error::read_state_machine)?;
+            message.enqueued_at_ms = selection.at_ms;
+            let value = encode(&message);
+            let record = self.producer(&selection.queue, &dead.producer)?;
+            let sequence = record.tail;
+            record.tail += 1;
+            record.messages += 1;
+            record.bytes += value.len() as u64;
+            self.changes.remove(key);
+            self.add_run(&selection.queue, &dead.producer, sequence, &[value]);
+            self.events.push(AppliedEvent::Enqueued {
+                shard: self.shard,
+                queue: selection.queue.clone(),
+                producer: dead.producer,
+                sequences: sequence..sequence + 1,
+            });
+        }
+        Ok(OpReply::Replayed { count })
+    }
+
+    pub(super) fn delete_dead_letters(
+        &mut self,
+        selection: &DeadLetterSelection,
+    ) -> Result<OpReply, StorageError> {
+        let dead_letters = self.selected_dead_letters(selection)?;
+        let count = dead_letters.len() as u64;
+        for (key, _) in dead_letters {
+            self.changes.remove(key);
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    /// Deletes the counters of producers still idle as the leader saw them:
+    /// nothing stored, no override, the same tail.
+    pub(super) fn forget_idle(&mut self, idle: &[IdleProducer]) -> Result<OpReply, StorageError> {
+        let mut count = 0;
+        for candidate in idle {
+            let overridden = !self
+                .stored_policy(&candidate.queue, Some(&candidate.producer))
+                .is_empty();
+            let record = self.producer(&candidate.queue, &candidate.producer)?;
+            if overridden || record.messages != 0 || record.tail != candidate.tail {
+                continue;
+            }
+            let key = keys::producer(&candidate.queue, &candidate.producer);
+            self.producers.remove(&key);
+            self.changes.remove(key);
+            self.forget_runs(keys::message_prefix(&candidate.queue, &candidate.producer));
+            self.events.push(AppliedEvent::Forgotten {
+                shard: self.shard,
+                queue: candidate.queue.clone(),
+                producer: candidate.producer.clone(),
+            });
+            count += 1;
+        }
+        Ok(OpReply::Removed { count })
+    }
+
+    /// Drops every run of a forgotten producer from this apply. Its
+    /// messages are all removed, so its stored runs and marks are deleted
+    /// now; a run the producer starts again at the same sequence in this
+    /// apply is a new one and overwrites that deletion at commit.
+    pub(super) fn forget_runs(&mut self, prefix: Vec<u8>) {
+        let run_keys: Vec<Vec<u8>> = self
+            .runs
+            .range::<[u8], _>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
+            .map(|(run_key, _)| run_key)
+            .take_while(|run_key| run_key.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for run_key in run_keys {
+            let touched = self.runs.remove(&run_key).expect("listed above");
+            if let RunBytes::Stored(_) = touched.run.into_bytes() {
+                self.changes.remove(keys::removed(&run_key));
+                self.changes.remove(run_key);
+            }
+        }
+        self.forgotten.insert(prefix);
+    }
+}
