@@ -12,10 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use floret_chaos::process::{LOG_FILTER, ServeArgs, peers_flag, poll, ready_address, shard_leader};
 use floret_client::Client;
 
-/// How long a node may take to start and elect itself.
-pub const START_DEADLINE: Duration = Duration::from_secs(60);
+pub use floret_chaos::process::START_DEADLINE;
 
 /// A running `floret serve` process.
 pub struct FloretProcess {
@@ -46,11 +46,14 @@ impl FloretProcess {
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("node log file");
+        let serve = ServeArgs {
+            data_dir: data_dir.to_path_buf(),
+            extra: args.to_vec(),
+            ..ServeArgs::default()
+        };
         let mut child = Command::new(floret_binary())
-            .args(["serve", "--data-dir"])
-            .arg(data_dir)
-            .args(args)
-            .env("RUST_LOG", "info,openraft=warn")
+            .args(serve.to_args())
+            .env("RUST_LOG", LOG_FILTER)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -60,8 +63,8 @@ impl FloretProcess {
         let (ready_tx, ready_rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some((_, address)) = line.split_once(" serving on ") {
-                    let _ = ready_tx.send(address.trim().to_owned());
+                if let Some(address) = ready_address(&line) {
+                    let _ = ready_tx.send(address.to_owned());
                 }
             }
         });
@@ -182,13 +185,11 @@ impl Cluster {
     }
 
     fn spawn(&self, id: u64) -> Starting {
-        let peers = self
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(index, port)| format!("{}=127.0.0.1:{port}", index + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = peers_flag(
+            (1..)
+                .zip(&self.ports)
+                .map(|(id, port)| (id, format!("127.0.0.1:{port}"))),
+        );
         let mut args = vec![
             "--node-id".to_owned(),
             id.to_string(),
@@ -255,44 +256,39 @@ impl Cluster {
     /// `via` reports it (panics after [`START_DEADLINE`]).
     pub async fn wait_for_preferred_leaders(&self, via: u64) {
         let client = self.client(via);
-        let until = Instant::now() + START_DEADLINE;
-        while Instant::now() < until {
-            if let Ok(status) = client.cluster_status().await
-                && !status.shards.is_empty()
+        let led = poll(START_DEADLINE, Duration::from_millis(50), || async {
+            let status = client.cluster_status().await.ok()?;
+            let all_preferred = !status.shards.is_empty()
                 && status
                     .shards
                     .iter()
-                    .all(|s| s.leader_id != 0 && s.leader_id == s.preferred_leader_id)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("shards not led by their preferred replicas after {START_DEADLINE:?}");
+                    .all(|s| s.leader_id != 0 && s.leader_id == s.preferred_leader_id);
+            all_preferred.then_some(())
+        })
+        .await;
+        assert!(
+            led.is_some(),
+            "shards not led by their preferred replicas after {START_DEADLINE:?}"
+        );
     }
 
     /// The leader of `shard` as node `via` reports it, once there is one
     /// (panics after [`START_DEADLINE`]).
     pub async fn leader_of(&self, shard: u32, via: u64) -> u64 {
         let client = self.client(via);
-        let until = Instant::now() + START_DEADLINE;
-        while Instant::now() < until {
-            if let Ok(status) = client.cluster_status().await
-                && let Some(leader) = status
-                    .shards
-                    .iter()
-                    .find(|s| s.shard_id == shard && s.leader_id != 0)
-                    .map(|s| s.leader_id)
-                && status
-                    .nodes
-                    .iter()
-                    .any(|n| n.node_id == leader && n.reachable)
-            {
-                return leader;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("shard {shard} has no reachable leader after {START_DEADLINE:?}");
+        let leader = poll(START_DEADLINE, Duration::from_millis(50), || async {
+            let status = client.cluster_status().await.ok()?;
+            let leader = shard_leader(&status, shard)?;
+            let reachable = status
+                .nodes
+                .iter()
+                .any(|n| n.node_id == leader && n.reachable);
+            reachable.then_some(leader)
+        })
+        .await;
+        leader.unwrap_or_else(|| {
+            panic!("shard {shard} has no reachable leader after {START_DEADLINE:?}")
+        })
     }
 }
 
@@ -319,12 +315,10 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let until = Instant::now() + deadline;
-    while Instant::now() < until {
-        if condition().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what} did not happen within {deadline:?}");
+    let held = poll(deadline, Duration::from_millis(20), || {
+        let holds = condition();
+        async move { holds.await.then_some(()) }
+    })
+    .await;
+    assert!(held.is_some(), "{what} did not happen within {deadline:?}");
 }

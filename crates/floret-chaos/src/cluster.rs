@@ -21,10 +21,10 @@ use floret_client::Client;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::process::{
+    LOG_FILTER, START_DEADLINE, ServeArgs, peers_flag, poll, ready_address, shard_leader,
+};
 use crate::proxy::Link;
-
-/// How long a node may take to print its ready line.
-pub const START_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Node ids are 1..=size.
 pub type NodeId = u64;
@@ -133,34 +133,30 @@ impl Cluster {
     }
 
     fn spawn(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
-        let peers = self
-            .nodes
-            .iter()
-            .map(|(&other, node)| {
-                let address = if other == id {
-                    node.address
-                } else {
-                    self.links[&(id, other)].address
-                };
-                format!("{other}={address}")
-            })
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = peers_flag(self.nodes.iter().map(|(&other, node)| {
+            let address = if other == id {
+                node.address
+            } else {
+                self.links[&(id, other)].address
+            };
+            (other, address)
+        }));
+        let args = ServeArgs {
+            data_dir: self.data_dir(id),
+            node_id: Some(id),
+            listen: Some(self.nodes[&id].address.to_string()),
+            peers: Some(peers),
+            config: Some(self.spec.root.join("floret.toml")),
+            extra: Vec::new(),
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path(id))?;
         let mut command = Command::new(&self.spec.binary);
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(self.spec.root.join("floret.toml"))
-            .arg("--data-dir")
-            .arg(self.data_dir(id))
-            .args(["--node-id", &id.to_string()])
-            .args(["--listen", &self.nodes[&id].address.to_string()])
-            .args(["--peers", &peers])
-            .env("RUST_LOG", "info,openraft=warn,sled=warn")
+            .args(args.to_args())
+            .env("RUST_LOG", LOG_FILTER)
             .env("FAILPOINTS", failpoints)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -186,7 +182,7 @@ impl Cluster {
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(START_DEADLINE, async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains(" serving on ") {
+                if ready_address(&line).is_some() {
                     return true;
                 }
             }
@@ -379,26 +375,21 @@ impl Cluster {
     /// The leader of `shard` as the serving nodes see it, once one is
     /// reachable (None after `within`).
     pub async fn leader_of(&self, shard: u32, within: Duration) -> Option<NodeId> {
-        let until = Instant::now() + within;
-        while Instant::now() < until {
+        poll(within, Duration::from_millis(100), || async {
             for id in self.serving() {
                 let status =
                     tokio::time::timeout(Duration::from_secs(2), self.client(id).cluster_status())
                         .await;
                 if let Ok(Ok(status)) = status
-                    && let Some(leader) = status
-                        .shards
-                        .iter()
-                        .find(|s| s.shard_id == shard && s.leader_id != 0)
-                        .map(|s| s.leader_id)
+                    && let Some(leader) = shard_leader(&status, shard)
                     && self.serving().contains(&leader)
                 {
                     return Some(leader);
                 }
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
+            None
+        })
+        .await
     }
 
     /// Every replica's (applied index, digest) per shard, from every node;

@@ -6,7 +6,9 @@
 //! full drain ([`checker`]). [`run`] ties one schedule's run together; the
 //! `floret-chaos` binary runs many as a soak, and `tests/chaos.rs` runs a
 //! short round of each in `cargo test`. [`ports`] picks loopback ports
-//! for nodes started as processes, here and in the other cluster tests.
+//! for nodes started as processes, and [`process`] is how every test starts
+//! one (the command line, the ready line, leader polling), here and in the
+//! black-box tests' harness.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Three nodes on loopback only; clock faults and disk-full are not injected.
@@ -15,6 +17,7 @@ pub mod checker;
 pub mod cluster;
 pub mod history;
 pub mod ports;
+pub mod process;
 pub mod proxy;
 pub mod run;
 pub mod schedule;

@@ -1,0 +1,152 @@
+//! What every test that starts real `floret serve` processes shares: the
+//! command line of a node, its ready line, how long it may take to start,
+//! and asking a node who leads a shard. The black-box tests' harness
+//! (`tests/harness`, blocking) and the chaos [`Cluster`](crate::cluster::Cluster)
+//! (async, with proxied peer links) both start their nodes with it.
+
+use std::ffi::OsString;
+use std::fmt::Display;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use floret_proto::v1::ClusterStatusResponse;
+
+/// How long a node may take to print its ready line.
+pub const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What a node's ready line says before its address.
+const READY_MARKER: &str = " serving on ";
+
+/// The `RUST_LOG` of test nodes: floret's own info, the libraries' warnings.
+pub const LOG_FILTER: &str = "info,openraft=warn,sled=warn";
+
+/// The address a node serves on, if `line` of its stdout is its ready line.
+pub fn ready_address(line: &str) -> Option<&str> {
+    line.split_once(READY_MARKER)
+        .map(|(_, address)| address.trim())
+}
+
+/// The `--peers` value naming every member: `1=host:port,2=host:port`.
+pub fn peers_flag<A: Display>(members: impl IntoIterator<Item = (u64, A)>) -> String {
+    members
+        .into_iter()
+        .map(|(id, address)| format!("{id}={address}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The arguments of `floret serve` for one node.
+#[derive(Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// Its data dir.
+    pub data_dir: PathBuf,
+    /// Its id (`--node-id`), in a cluster.
+    pub node_id: Option<u64>,
+    /// `--listen`; the node's default when unset.
+    pub listen: Option<String>,
+    /// `--peers` (see [`peers_flag`]), in a cluster.
+    pub peers: Option<String>,
+    /// A config file (`--config`).
+    pub config: Option<PathBuf>,
+    /// Anything else, as given.
+    pub extra: Vec<String>,
+}
+
+impl ServeArgs {
+    /// The command line after the binary: `serve --data-dir ...`.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["serve".into()];
+        if let Some(config) = &self.config {
+            args.extend(["--config".into(), config.into()]);
+        }
+        args.extend(["--data-dir".into(), self.data_dir.clone().into()]);
+        let flags = [
+            ("--node-id", self.node_id.map(|id| id.to_string())),
+            ("--listen", self.listen.clone()),
+            ("--peers", self.peers.clone()),
+        ];
+        for (flag, value) in flags {
+            if let Some(value) = value {
+                args.extend([flag.into(), value.into()]);
+            }
+        }
+        args.extend(self.extra.iter().map(OsString::from));
+        args
+    }
+}
+
+/// The leader of `shard` in a node's cluster status, once it has one.
+pub fn shard_leader(status: &ClusterStatusResponse, shard: u32) -> Option<u64> {
+    status
+        .shards
+        .iter()
+        .find(|s| s.shard_id == shard && s.leader_id != 0)
+        .map(|s| s.leader_id)
+}
+
+/// Asks `probe` every `interval` until it answers or `within` has passed.
+pub async fn poll<T, F, Fut>(within: Duration, interval: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Some(answer) = probe().await {
+            return Some(answer);
+        }
+        tokio::time::sleep(interval).await;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_line_names_the_address_and_other_lines_do_not() {
+        let line = "floret node 2 serving on 127.0.0.1:41234";
+        assert_eq!(ready_address(line), Some("127.0.0.1:41234"));
+        assert_eq!(ready_address("floret node 2 starting"), None);
+    }
+
+    #[test]
+    fn a_cluster_node_gets_every_flag_and_a_lone_node_only_its_own() {
+        let peers = peers_flag([(1, "127.0.0.1:1"), (2, "127.0.0.1:2")]);
+        assert_eq!(peers, "1=127.0.0.1:1,2=127.0.0.1:2");
+        let node = ServeArgs {
+            data_dir: "d".into(),
+            node_id: Some(2),
+            listen: Some("127.0.0.1:2".into()),
+            peers: Some(peers),
+            ..ServeArgs::default()
+        };
+        let args: Vec<String> = node
+            .to_args()
+            .into_iter()
+            .map(|arg| arg.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "serve",
+                "--data-dir",
+                "d",
+                "--node-id",
+                "2",
+                "--listen",
+                "127.0.0.1:2",
+                "--peers",
+                "1=127.0.0.1:1,2=127.0.0.1:2"
+            ]
+        );
+        let lone = ServeArgs {
+            data_dir: "d".into(),
+            extra: vec!["--shards".into(), "2".into()],
+            ..ServeArgs::default()
+        };
+        assert_eq!(lone.to_args().len(), 5);
+    }
+}
