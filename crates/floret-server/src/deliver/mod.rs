@@ -24,7 +24,7 @@
 //! - The channels to consumer streams are unbounded; a consumer's credits
 //!   bound what it is sent, redeliveries included.
 //! - Consumers of a queue get deliveries from this node's book only; the
-//!   fan-in (`service/fan_in.rs`) merges the nodes.
+//!   fan-in (`service/fan_in/`) merges the nodes.
 
 mod actor;
 pub mod book;
