@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use floret_store::ShardId;
 
-use crate::deliver::DispatcherStopped;
+use crate::deliver::{DispatcherStopped, SettleCode};
 use crate::produce::proposer::ProposeError;
 use crate::request::InvalidRequest;
 
@@ -80,6 +80,14 @@ pub enum RequestError {
         /// When to retry, if known.
         retry_after: Option<Duration>,
     },
+    /// Some deliveries of an ack were not settled: the first one's code and why.
+    #[error("{message}")]
+    NotSettled {
+        /// How the first unsettled delivery ended.
+        code: SettleCode,
+        /// Which deliveries, and why.
+        message: String,
+    },
     /// A bug: an answer that cannot happen.
     #[error("{0}")]
     Internal(String),
@@ -94,7 +102,7 @@ impl RequestError {
             Self::Relayed { retry_after, .. } | Self::Unavailable { retry_after, .. } => {
                 *retry_after
             }
-            Self::Invalid(_) | Self::Stale(_) | Self::Internal(_) => None,
+            Self::Invalid(_) | Self::Stale(_) | Self::NotSettled { .. } | Self::Internal(_) => None,
         }
     }
 

@@ -103,6 +103,20 @@ pub enum InvalidRequest {
         /// Its limits, described.
         limits: String,
     },
+    /// A dead-letter id not in the form the listing gives.
+    #[error("malformed dead-letter id {text:?}: expected <shard>:<id> as listed")]
+    DeadLetterId {
+        /// The id as sent.
+        text: String,
+    },
+    /// A message between nodes that does not decode.
+    #[error("undecodable {what}: {reason}")]
+    Undecodable {
+        /// What it should have been.
+        what: &'static str,
+        /// Why it does not decode.
+        reason: String,
+    },
     /// A call whose shape the service does not accept (what and why).
     #[error("{0}")]
     Malformed(&'static str),

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleCode, SettleKind};
+use crate::error::RequestError;
 use crate::produce::ProducePipeline;
 use crate::request::{self, InvalidRequest};
 use crate::router::FORWARDED_BY;
@@ -121,15 +122,16 @@ impl v1::floret_server::Floret for FloretService {
             .filter(|o| o.code != SettleCode::Ok)
             .collect();
         if let Some(first) = failed.first() {
-            return Err(Status::new(
-                convert::settle_code(first.code),
-                format!(
+            return Err(RequestError::NotSettled {
+                code: first.code,
+                message: format!(
                     "{} of {total} deliveries not acked (the others were); first: {}: {}",
                     failed.len(),
                     first.delivery_id,
                     first.message
                 ),
-            ));
+            }
+            .into());
         }
         Ok(Response::new(v1::AckResponse {
             outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),

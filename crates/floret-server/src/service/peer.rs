@@ -31,6 +31,7 @@ use crate::deliver::SettleKind;
 use crate::error::RequestError;
 use crate::leadership::hand_back::HandBack;
 use crate::produce::proposer::Proposers;
+use crate::request::InvalidRequest;
 use crate::settle::Settler;
 
 /// Serves the other nodes.
@@ -78,10 +79,10 @@ impl PeerService {
 /// The raft group of `shard` on this node.
 fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
     shards.group(shard).map(|group| &group.raft).ok_or_else(|| {
-        Status::unavailable(format!(
+        Status::from(RequestError::unavailable(format!(
             "node {} holds no replica of shard {shard}",
             shards.node_id()
-        ))
+        )))
     })
 }
 
@@ -110,7 +111,10 @@ fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
 }
 
 fn undecodable(error: postcard::Error) -> Status {
-    Status::invalid_argument(format!("undecodable raft message: {error}"))
+    Status::from(InvalidRequest::Undecodable {
+        what: "raft message",
+        reason: error.to_string(),
+    })
 }
 
 impl PeerService {
@@ -225,7 +229,7 @@ impl Peer for PeerService {
             .shards
             .initialized()
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| Status::from(RequestError::unavailable(e.to_string())))?;
         Ok(Response::new(v1::ShardStatesResponse {
             initialized,
             placement: self.shards.replicas().description().to_owned(),
@@ -246,7 +250,7 @@ impl Peer for PeerService {
             .settler
             .settle_here(kind, request.delivery_ids)
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| Status::from(RequestError::unavailable(e.to_string())))?;
         Ok(Response::new(v1::PeerSettleResponse {
             outcomes: outcomes
                 .into_iter()
@@ -265,8 +269,12 @@ impl Peer for PeerService {
     ) -> Result<Response<v1::RaftMessage>, Status> {
         let message = request.into_inner();
         let shard = message.shard_id;
-        let op: floret_store::Op = decode(&message.payload)
-            .map_err(|error| Status::invalid_argument(format!("undecodable operation: {error}")))?;
+        let op: floret_store::Op = decode(&message.payload).map_err(|error| {
+            Status::from(InvalidRequest::Undecodable {
+                what: "operation",
+                reason: error.to_string(),
+            })
+        })?;
         let proposer = match self.proposers.get(shard) {
             Some(proposer) if self.shards.leads(shard) => proposer,
             _ => {

@@ -3,6 +3,7 @@
 
 use tonic::{Code, Status};
 
+use super::convert;
 use crate::deliver::DispatcherStopped;
 use crate::error::RequestError;
 use crate::request::InvalidRequest;
@@ -20,6 +21,7 @@ impl From<RequestError> for Status {
             | RequestError::LeaderUnreachable { .. }
             | RequestError::Unavailable { .. } => Code::Unavailable,
             RequestError::Relayed { grpc_code, .. } => Code::from_i32(*grpc_code),
+            RequestError::NotSettled { code, .. } => convert::settle_code(*code),
             RequestError::Internal(_) => Code::Internal,
         };
         let mut status = Status::new(code, error.to_string());

@@ -31,6 +31,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::deliver::DispatcherHandle;
+use crate::error::RequestError;
 use crate::request;
 use crate::router::ShardRouter;
 
@@ -129,7 +130,9 @@ impl v1::admin_server::Admin for AdminService {
         let shards = self.shards.clone();
         let replicas = tokio::task::spawn_blocking(move || replica_digests(&shards))
             .await
-            .map_err(|e| Status::internal(format!("digest task failed: {e}")))??;
+            .map_err(|e| {
+                Status::from(RequestError::Internal(format!("digest task failed: {e}")))
+            })??;
         Ok(Response::new(v1::ReplicaDigestsResponse { replicas }))
     }
 
@@ -176,7 +179,10 @@ fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
         .groups()
         .map(|group| {
             let read_error = |e: floret_store::StorageError| {
-                Status::internal(format!("cannot read shard {}: {e}", group.id))
+                Status::from(RequestError::Internal(format!(
+                    "cannot read shard {}: {e}",
+                    group.id
+                )))
             };
             let applied = group.reader.applied_state().map_err(read_error)?;
             let (digest, keys) = group.reader.digest().map_err(read_error)?;

@@ -22,8 +22,10 @@ use floret_store::{DeadLetterSelection, Op, OpReply, SetPolicy, ShardId};
 use tonic::{Response, Status};
 
 use super::AdminService;
+use crate::error::RequestError;
 use crate::policy;
 use crate::request;
+use crate::request::InvalidRequest;
 use crate::service::now_unix_ms;
 
 /// Dead letters listed when a request does not say how many.
@@ -65,11 +67,11 @@ impl AdminService {
             }
         }
         if let Some(first) = failed.first() {
-            return Err(Status::unavailable(format!(
+            return Err(Status::from(RequestError::unavailable(format!(
                 "the policy was committed in {} of {} shards (first failure: {first}); set it again, which is harmless",
                 shards.len() - failed.len(),
                 shards.len()
-            )));
+            ))));
         }
         Ok(Response::new(v1::SetPolicyResponse {
             stored: stored.map(policy::to_wire),
@@ -112,9 +114,9 @@ impl AdminService {
         request: v1::GetPolicyRequest,
     ) -> Result<Response<v1::GetPolicyResponse>, Status> {
         let Some(channel) = self.shards.peers().channel(node) else {
-            return Err(Status::unavailable(format!(
+            return Err(Status::from(RequestError::unavailable(format!(
                 "node {node} holds the policy and is not a member"
-            )));
+            ))));
         };
         let mut client = v1::admin_client::AdminClient::new(channel);
         client.get_policy(request).await
@@ -154,9 +156,9 @@ impl AdminService {
                             .filter(|&shard| self.shards.route(shard) == node)
                             .collect();
                         if !led.is_empty() {
-                            return Err(Status::unavailable(format!(
+                            return Err(Status::from(RequestError::unavailable(format!(
                                 "node {node}, which leads shards {led:?}, did not answer ({why}); their dead letters would be missing, retry"
-                            )));
+                            ))));
                         }
                     }
                 }
@@ -183,7 +185,10 @@ impl AdminService {
                 .reader
                 .dead_letters(queue, 0, limit)
                 .map_err(|error| {
-                    Status::internal(format!("cannot read shard {}: {error}", group.id))
+                    Status::from(RequestError::Internal(format!(
+                        "cannot read shard {}: {error}",
+                        group.id
+                    )))
                 })?;
             for (id, record) in records {
                 found.push(dead_letter(group.id, id, record)?);
@@ -204,18 +209,16 @@ impl AdminService {
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
         let queue = request::queue_name(&request.queue)?;
         if request.ids.is_empty() {
-            return Err(Status::invalid_argument("no dead-letter ids given"));
+            return Err(Status::from(InvalidRequest::Malformed(
+                "no dead-letter ids given",
+            )));
         }
         let shard_count = self.shards.placement().shard_count();
         let mut by_shard: BTreeMap<ShardId, Vec<u64>> = BTreeMap::new();
         for text in &request.ids {
             let (shard, id) = parse_dead_letter_id(text)
                 .filter(|(shard, _)| *shard < shard_count)
-                .ok_or_else(|| {
-                    Status::invalid_argument(format!(
-                        "malformed dead-letter id {text:?}: expected <shard>:<id> as listed"
-                    ))
-                })?;
+                .ok_or_else(|| Status::from(InvalidRequest::DeadLetterId { text: text.clone() }))?;
             by_shard.entry(shard).or_default().push(id);
         }
         let at_ms = now_unix_ms();
@@ -240,9 +243,9 @@ impl AdminService {
                     count += changed;
                 }
                 other => {
-                    return Err(Status::internal(format!(
+                    return Err(Status::from(RequestError::Internal(format!(
                         "a dead-letter change was answered with {other:?}"
-                    )));
+                    ))));
                 }
             }
         }
@@ -270,7 +273,7 @@ fn dead_letter(
     record: DeadLetterRecord,
 ) -> Result<v1::DeadLetter, Status> {
     let message: StoredMessage = decode("dead-lettered message", &record.message)
-        .map_err(|error| Status::internal(format!("shard {shard}: {error}")))?;
+        .map_err(|error| Status::from(RequestError::Internal(format!("shard {shard}: {error}"))))?;
     Ok(v1::DeadLetter {
         id: format!("{shard}:{id}"),
         producer_id: record.producer,

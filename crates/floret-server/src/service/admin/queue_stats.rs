@@ -12,6 +12,7 @@ use tonic::Status;
 
 use super::AdminService;
 use crate::deliver::fairness::WINDOW_SECONDS;
+use crate::error::RequestError;
 use crate::service::now_unix_ms;
 
 impl AdminService {
@@ -27,7 +28,9 @@ impl AdminService {
         let producers =
             tokio::task::spawn_blocking(move || durable_producers(&shards, filter.as_deref()))
                 .await
-                .map_err(|e| Status::internal(format!("stats task failed: {e}")))??;
+                .map_err(|e| {
+                    Status::from(RequestError::Internal(format!("stats task failed: {e}")))
+                })??;
         let activity = self.dispatcher.activity(true).await.map_err(Status::from)?;
         let mut queues: BTreeMap<String, v1::QueueStat> = BTreeMap::new();
         for (name, activity) in &activity {
@@ -149,8 +152,12 @@ fn durable_producers(
     let mut producers = Vec::new();
     for group in shards.groups() {
         for entry in group.reader.producers() {
-            let entry = entry
-                .map_err(|e| Status::internal(format!("cannot read shard {}: {e}", group.id)))?;
+            let entry = entry.map_err(|e| {
+                Status::from(RequestError::Internal(format!(
+                    "cannot read shard {}: {e}",
+                    group.id
+                )))
+            })?;
             if queue.is_some_and(|q| q != entry.queue) {
                 continue;
             }
@@ -160,7 +167,12 @@ fn durable_producers(
                 group
                     .reader
                     .oldest_message(&entry.queue, &entry.producer, entry.record.head)
-                    .map_err(|e| Status::internal(format!("cannot read shard {}: {e}", group.id)))?
+                    .map_err(|e| {
+                        Status::from(RequestError::Internal(format!(
+                            "cannot read shard {}: {e}",
+                            group.id
+                        )))
+                    })?
                     .map(|(_, message)| (now_ms - message.enqueued_at_ms).max(0) as u64)
                     .unwrap_or(0)
             };
