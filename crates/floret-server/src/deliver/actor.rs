@@ -66,10 +66,11 @@ impl Dispatcher {
             tokio::select! {
                 command = commands.recv() => {
                     let Some(command) = command else { break };
-                    self.handle(command);
+                    let now = now();
+                    self.handle(command, now);
                     for _ in 1..COMMANDS_PER_TURN {
                         match commands.try_recv() {
-                            Ok(command) => self.handle(command),
+                            Ok(command) => self.handle(command, now),
                             Err(_) => break,
                         }
                     }
@@ -81,13 +82,13 @@ impl Dispatcher {
         tracing::debug!("dispatcher stopped");
     }
 
-    fn handle(&mut self, command: DispatcherCommand) {
+    /// Feeds one command to the book; `now` is read once per turn of
+    /// commands (a turn takes well under a millisecond).
+    fn handle(&mut self, command: DispatcherCommand, now: Now) {
         let book = &mut self.book;
         match command {
-            DispatcherCommand::Applied(event) => book.applied(event, now()),
-            DispatcherCommand::Leadership { shard, leader } => {
-                book.leadership(shard, leader, now())
-            }
+            DispatcherCommand::Applied(event) => book.applied(event, now),
+            DispatcherCommand::Leadership { shard, leader } => book.leadership(shard, leader, now),
             DispatcherCommand::Subscribe {
                 queue,
                 credits,
@@ -95,26 +96,26 @@ impl Dispatcher {
                 for_peer,
                 reply,
             } => {
-                let id = book.subscribe(&queue, credits, events, for_peer, now());
+                let id = book.subscribe(&queue, credits, events, for_peer, now);
                 let _caller_gone = reply.send(id);
             }
             DispatcherCommand::Credit {
                 consumer,
                 credits,
                 replace,
-            } => book.credit(consumer, credits, replace, now()),
+            } => book.credit(consumer, credits, replace, now),
             DispatcherCommand::Settle { kind, ids, reply } => {
-                let _caller_gone = reply.send(book.settle(kind, ids, now()));
+                let _caller_gone = reply.send(book.settle(kind, ids, now));
             }
             DispatcherCommand::RemovalCommitted { ids, acked } => {
-                book.removal_committed(&ids, acked, now())
+                book.removal_committed(&ids, acked, now)
             }
-            DispatcherCommand::ConsumerGone { consumer } => book.consumer_gone(consumer, now()),
+            DispatcherCommand::ConsumerGone { consumer } => book.consumer_gone(consumer, now),
             DispatcherCommand::Activity {
                 with_producers,
                 reply,
             } => {
-                let _caller_gone = reply.send(book.activity(with_producers, now()));
+                let _caller_gone = reply.send(book.activity(with_producers, now));
             }
         }
     }

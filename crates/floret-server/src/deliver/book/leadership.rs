@@ -32,11 +32,12 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                 .enqueued(&key, backlog.sequences);
             touched.insert(queue);
         }
-        for (queue, defaults) in self.shards.policies(shard).queues_with_defaults() {
+        let policies = self.shards.policies(shard);
+        for (queue, defaults) in policies.queues_with_defaults() {
             let queue: Arc<str> = queue.into();
             let defaults = crate::policy::scheduling(defaults);
             self.queue(&queue).scheduler.set_defaults(defaults);
-            self.apply_overrides(shard, &queue);
+            self.apply_overrides(shard, &queue, &policies);
             touched.insert(queue);
         }
         tracing::info!(

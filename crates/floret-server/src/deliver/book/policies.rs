@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use floret_store::ShardId;
+use floret_store::policy::PolicyTable;
 
 use super::queue::ProducerKey;
 use super::{ConsumerChannel, DispatchBook, Now, ShardContents};
@@ -32,7 +33,8 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                     scheduler.set_defaults(defaults);
                 }
                 if self.leads(shard) {
-                    self.apply_overrides(shard, queue);
+                    let policies = self.shards.policies(shard);
+                    self.apply_overrides(shard, queue, &policies);
                 }
             }
             Some(producer) if self.leads(shard) => {
@@ -48,12 +50,14 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         self.pump(queue, now);
     }
 
-    /// Gives the scheduler of `queue` the overrides of `shard`'s producers.
-    pub(super) fn apply_overrides(&mut self, shard: ShardId, queue: &Arc<str>) {
-        if !self.shards.holds(shard) {
-            return;
-        }
-        let policies = self.shards.policies(shard);
+    /// Gives the scheduler of `queue` the overrides of `shard`'s producers,
+    /// as `policies` (the shard's table, read once by the caller) has them.
+    pub(super) fn apply_overrides(
+        &mut self,
+        shard: ShardId,
+        queue: &Arc<str>,
+        policies: &PolicyTable,
+    ) {
         let scheduler = &mut self.queue(queue).scheduler;
         for producer in policies.overridden(queue) {
             let policy = policies.effective(queue, producer);
