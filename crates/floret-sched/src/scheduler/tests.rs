@@ -2,6 +2,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::error::SettleError;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
