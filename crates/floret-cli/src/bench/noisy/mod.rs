@@ -6,6 +6,7 @@
 //! producers shared each one-second window.
 //!
 //! `--flooders 21 --quiet 0` is the variant in which every producer floods.
+//! The analysis of a run and its summary and charts are `report.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,11 +16,14 @@ use std::time::{Duration, Instant};
 use floret_client::{Client, Message};
 use tokio::sync::watch;
 
-use super::plot::{self, Chart, Series};
+use super::plot;
 use super::progress::Progress;
-use super::sink::{Counters, Received, Sink, SinkSpec};
-use super::stats::{self, FairnessSummary, Percentiles, ProducerTimeline, WINDOW};
+use super::sink::{Counters, Sink, SinkSpec};
 use super::{CommonArgs, stamp};
+
+mod report;
+
+use report::{analyse, charts, print_summary};
 
 /// Back-off after a failed produce call, so a refusing cluster is not hammered.
 const FAILED_PRODUCE_BACKOFF: Duration = Duration::from_millis(50);
@@ -75,32 +79,6 @@ type Acks = Vec<(Duration, u64)>;
 
 /// What a quiet producer did: its acks, and how long each produce call took.
 type QuietRecord = (String, Acks, Vec<Duration>);
-
-#[derive(serde::Serialize)]
-struct NoisyReport {
-    scenario: &'static str,
-    flood_messages: u64,
-    flooders: usize,
-    quiet_producers: usize,
-    sink_rate: f64,
-    flood_seconds: f64,
-    flood_produce_rate: f64,
-    consume_rate: f64,
-    produced: u64,
-    delivered: u64,
-    redeliveries: u64,
-    not_delivered: u64,
-    failed_produce_calls: u64,
-    quiet_latency: Percentiles,
-    /// Of the quiet latency, the produce call (until durable on a majority).
-    quiet_produce_call: Percentiles,
-    /// The quiet producer with the highest p99, and that p99: a quiet
-    /// producer sharing a shard with the flood waits behind its entries.
-    quiet_worst_producer: Option<(String, f64)>,
-    flood_latency: Percentiles,
-    fairness: FairnessSummary,
-    windows: Vec<stats::WindowFairness>,
-}
 
 pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let addresses = args.common.addresses()?;
@@ -285,211 +263,4 @@ async fn quiet_producer(
         }
     }
     (producer, acks, calls)
-}
-
-fn analyse(
-    args: &NoisyArgs,
-    acks: BTreeMap<String, Acks>,
-    quiet_calls: Vec<Duration>,
-    received: &[Received],
-    counters: &Counters,
-    flood_seconds: f64,
-) -> NoisyReport {
-    let mut timelines: BTreeMap<String, ProducerTimeline> = acks
-        .into_iter()
-        .map(|(producer, acknowledged)| {
-            let timeline = ProducerTimeline {
-                acknowledged,
-                delivered: Vec::new(),
-            };
-            (producer, timeline)
-        })
-        .collect();
-    let (mut quiet_latencies, mut flood_latencies) = (Vec::new(), Vec::new());
-    let mut per_quiet_producer: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
-    let first: Vec<&Received> = received.iter().filter(|r| r.attempt == 1).collect();
-    for delivery in &first {
-        timelines
-            .entry(delivery.producer.clone())
-            .or_default()
-            .delivered
-            .push(delivery.at);
-        if let Some(produced_at) = delivery.produced_at {
-            let latency = delivery.at.saturating_sub(produced_at);
-            if delivery.producer.starts_with("flooder-") {
-                flood_latencies.push(latency);
-            } else {
-                quiet_latencies.push(latency);
-                per_quiet_producer
-                    .entry(delivery.producer.as_str())
-                    .or_default()
-                    .push(latency);
-            }
-        }
-    }
-    let end = first.iter().map(|r| r.at).max().unwrap_or_default();
-    let start = first.iter().map(|r| r.at).min().unwrap_or_default();
-    let windows = stats::windows(&mut timelines, end);
-    let produced = counters.produced.load(Ordering::Relaxed);
-    let flood_produced: u64 = timelines
-        .iter()
-        .filter(|(producer, _)| producer.starts_with("flooder-"))
-        .flat_map(|(_, timeline)| timeline.acknowledged.iter().map(|(_, count)| count))
-        .sum();
-    NoisyReport {
-        scenario: "noisy-neighbor",
-        flood_messages: args.messages,
-        flooders: args.flooders,
-        quiet_producers: args.quiet,
-        sink_rate: args.sink_rate,
-        flood_seconds,
-        flood_produce_rate: flood_produced as f64 / flood_seconds.max(f64::EPSILON),
-        consume_rate: first.len() as f64 / (end - start).as_secs_f64().max(f64::EPSILON),
-        produced,
-        delivered: first.len() as u64,
-        redeliveries: counters.redeliveries.load(Ordering::Relaxed),
-        not_delivered: produced.saturating_sub(first.len() as u64),
-        failed_produce_calls: counters.produce_failures.load(Ordering::Relaxed),
-        quiet_latency: Percentiles::of(quiet_latencies),
-        quiet_worst_producer: per_quiet_producer
-            .into_iter()
-            .map(|(producer, latencies)| (producer.to_owned(), Percentiles::of(latencies).p99_ms))
-            .max_by(|a, b| a.1.total_cmp(&b.1)),
-        quiet_produce_call: Percentiles::of(quiet_calls),
-        flood_latency: Percentiles::of(flood_latencies),
-        fairness: FairnessSummary::of(&windows),
-        windows,
-    }
-}
-
-fn print_summary(report: &NoisyReport) {
-    let latency = |name: &str, p: &Percentiles| {
-        println!(
-            "  {name:<8} {:>7} msgs  p50 {:>9.1} ms  p99 {:>9.1} ms  max {:>9.1} ms",
-            p.count, p.p50_ms, p.p99_ms, p.max_ms
-        );
-    };
-    println!(
-        "noisy-neighbor: {} flooder(s) sent {} messages in {:.1} s ({:.0} msg/s); {} quiet producers; sink {} msg/s",
-        report.flooders,
-        report.flood_messages,
-        report.flood_seconds,
-        report.flood_produce_rate,
-        report.quiet_producers,
-        if report.sink_rate > 0.0 {
-            format!("{:.0}", report.sink_rate)
-        } else {
-            "uncapped".into()
-        },
-    );
-    println!(
-        "consumed {} of {} produced at {:.0} msg/s ({} redeliveries, {} not delivered, {} failed produce calls)",
-        report.delivered,
-        report.produced,
-        report.consume_rate,
-        report.redeliveries,
-        report.not_delivered,
-        report.failed_produce_calls
-    );
-    println!("end-to-end latency (produce call to delivery):");
-    latency("quiet", &report.quiet_latency);
-    latency("  call", &report.quiet_produce_call);
-    if let Some((producer, p99_ms)) = &report.quiet_worst_producer {
-        println!("  slowest quiet producer: {producer}, p99 {p99_ms:.1} ms");
-    }
-    latency("flood", &report.flood_latency);
-    println!(
-        "fairness: Jain's index over backlogged producers, {} windows with 2 or more: median {:.3}, min {:.3}",
-        report.fairness.contested_windows, report.fairness.jain_median, report.fairness.jain_min
-    );
-}
-
-/// Per-second delivery rates per producer (flooders, and the quiet ones
-/// as their mean) and per-second latency percentiles of each group.
-fn charts(received: &[Received], seconds: usize) -> Vec<Chart> {
-    let mut rates: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    let mut latencies: [Vec<Vec<Duration>>; 2] =
-        [vec![Vec::new(); seconds], vec![Vec::new(); seconds]];
-    for delivery in received.iter().filter(|r| r.attempt == 1) {
-        let second = (delivery.at.as_secs_f64() / WINDOW.as_secs_f64()) as usize;
-        if second >= seconds {
-            continue;
-        }
-        rates
-            .entry(delivery.producer.clone())
-            .or_insert_with(|| vec![0.0; seconds])[second] += 1.0;
-        if let Some(produced_at) = delivery.produced_at {
-            let group = usize::from(!delivery.producer.starts_with("flooder-"));
-            latencies[group][second].push(delivery.at.saturating_sub(produced_at));
-        }
-    }
-    let quiet: Vec<&Vec<f64>> = rates
-        .iter()
-        .filter(|(producer, _)| !producer.starts_with("flooder-"))
-        .map(|(_, rate)| rate)
-        .collect();
-    let mut rate_series: Vec<Series> = rates
-        .iter()
-        .filter(|(producer, _)| producer.starts_with("flooder-"))
-        .enumerate()
-        .map(|(index, (producer, rate))| Series {
-            name: producer.clone(),
-            colour: plot::FLOOD_COLOURS[index % plot::FLOOD_COLOURS.len()],
-            points: rate
-                .iter()
-                .enumerate()
-                .map(|(s, r)| (s as f64, *r))
-                .collect(),
-        })
-        .collect();
-    if !quiet.is_empty() {
-        rate_series.push(Series {
-            name: format!("quiet (mean of {})", quiet.len()),
-            colour: plot::QUIET_COLOURS[0],
-            points: (0..seconds)
-                .map(|s| {
-                    (
-                        s as f64,
-                        quiet.iter().map(|rate| rate[s]).sum::<f64>() / quiet.len() as f64,
-                    )
-                })
-                .collect(),
-        });
-    }
-    let mut latency_series = Vec::new();
-    for (group, name, colours) in [
-        (1, "quiet", plot::QUIET_COLOURS),
-        (0, "flood", plot::FLOOD_COLOURS),
-    ] {
-        let per_second: Vec<Percentiles> = latencies[group]
-            .iter()
-            .map(|l| Percentiles::of(l.clone()))
-            .collect();
-        for (index, (label, pick)) in [("p50", 0), ("p99", 1)].into_iter().enumerate() {
-            latency_series.push(Series {
-                name: format!("{name} {label}"),
-                colour: colours[index],
-                points: per_second
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.count > 0)
-                    .map(|(s, p)| (s as f64, if pick == 0 { p.p50_ms } else { p.p99_ms }))
-                    .collect(),
-            });
-        }
-    }
-    vec![
-        Chart {
-            title: "first deliveries per second, per producer".into(),
-            value_label: "messages/s (log)".into(),
-            logarithmic: true,
-            series: rate_series,
-        },
-        Chart {
-            title: "end-to-end latency by delivery second".into(),
-            value_label: "ms (log)".into(),
-            logarithmic: true,
-            series: latency_series,
-        },
-    ]
 }
