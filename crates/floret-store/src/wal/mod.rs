@@ -24,6 +24,9 @@
 //! a hole. A write or sync that fails while running stops the log for good
 //! (see `WalState::failed`).
 //!
+//! Files: `segment.rs` (segment files and frames), `recovery.rs` (replaying
+//! a segment at open, torn write or corruption), `tests.rs`.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
 //! - One entry is one frame; a 1 MiB message is one 1 MiB write.
@@ -32,7 +35,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::ops::RangeBounds;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -41,8 +44,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::Vote;
 use serde::{Deserialize, Serialize};
 
-use crate::records::{decode, encode};
+use crate::records::decode;
 use crate::types::{LogId, NodeId, ShardId};
+
+mod recovery;
+mod segment;
+
+use recovery::replay_segment;
+use segment::{create_segment, frame, segment_path};
 
 /// A segment is closed and a new one started past this size.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
@@ -135,19 +144,6 @@ pub struct CorruptLog {
     pub offset: u64,
     /// What is wrong.
     pub reason: String,
-}
-
-fn segment_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("wal-{id:020}.log"))
-}
-
-fn frame(record: &Record) -> Vec<u8> {
-    let body = encode(record);
-    let mut frame = Vec::with_capacity(FRAME_HEADER + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    frame.extend_from_slice(&body);
-    frame
 }
 
 impl Wal {
@@ -424,273 +420,5 @@ impl Wal {
     }
 }
 
-impl WalState {
-    fn check(&self) -> io::Result<()> {
-        match &self.failed {
-            Some(reason) => Err(io::Error::other(format!(
-                "the raft log stopped after an I/O failure ({reason}); restart the node"
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Appends whole frames; a failed write is cut back off so the file never
-    /// holds a partial frame while the node runs, and the log stops.
-    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.check()?;
-        if let Err(error) = (&*self.active.file).write_all(bytes) {
-            let cut = self.active.file.set_len(self.active.len);
-            self.failed = Some(match cut {
-                Ok(()) => format!("write failed: {error}"),
-                Err(cut_error) => {
-                    format!("write failed: {error}; cutting the partial frame failed: {cut_error}")
-                }
-            });
-            return Err(error);
-        }
-        self.active.len += bytes.len() as u64;
-        Ok(())
-    }
-
-    fn file(&self, segment: u64) -> Arc<File> {
-        if segment == self.active.id {
-            self.active.file.clone()
-        } else {
-            self.sealed[&segment].clone()
-        }
-    }
-}
-
-fn create_segment(dir: &Path, id: u64) -> io::Result<Segment> {
-    let file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create_new(true)
-        .open(segment_path(dir, id))?;
-    File::open(dir)?.sync_all()?;
-    Ok(Segment {
-        id,
-        file: Arc::new(file),
-        len: 0,
-    })
-}
-
-/// Applies one segment's records to `shards`; returns the length of its valid prefix.
-fn replay_segment(
-    path: &Path,
-    id: u64,
-    is_last: bool,
-    shards: &mut HashMap<ShardId, ShardLog>,
-) -> io::Result<u64> {
-    let bytes = fs::read(path)?;
-    let mut offset = 0usize;
-    while offset < bytes.len() {
-        let corrupt = |reason: String, at_tail: bool| -> io::Result<u64> {
-            if is_last && at_tail {
-                tracing::warn!(path = %path.display(), offset, %reason, "cutting a torn write off the raft log");
-                Ok(offset as u64)
-            } else {
-                Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    CorruptLog {
-                        path: path.to_path_buf(),
-                        offset: offset as u64,
-                        reason,
-                    },
-                ))
-            }
-        };
-        let Some(header) = bytes.get(offset..offset + FRAME_HEADER) else {
-            return corrupt("frame header cut short".into(), true);
-        };
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-        let Some(body) = bytes.get(offset + FRAME_HEADER..offset + FRAME_HEADER + len) else {
-            return corrupt(
-                format!("frame of {len} bytes cut short"),
-                len <= MAX_FRAME_BYTES,
-            );
-        };
-        // Only the very last frame can be a torn write; a bad frame with
-        // frames after it is damage, and cutting there would drop synced data.
-        let is_last_frame = offset + FRAME_HEADER + len == bytes.len();
-        if crc32fast::hash(body) != crc {
-            return corrupt("checksum mismatch".into(), is_last_frame);
-        }
-        let record: Record = match decode("raft log record", body) {
-            Ok(record) => record,
-            Err(error) => return corrupt(error.to_string(), is_last_frame),
-        };
-        let frame_len = (FRAME_HEADER + len) as u32;
-        match record {
-            Record::Entry { shard, log_id, .. } => {
-                let log = shards.entry(shard).or_default();
-                let _conflicting = log.entries.split_off(&log_id.index);
-                log.entries.insert(
-                    log_id.index,
-                    Location {
-                        segment: id,
-                        offset: offset as u64,
-                        len: frame_len,
-                        log_id,
-                    },
-                );
-            }
-            Record::Vote { shard, vote } => shards.entry(shard).or_default().vote = Some(vote),
-            Record::Committed { shard, committed } => {
-                shards.entry(shard).or_default().committed = committed
-            }
-            Record::Truncate { shard, since } => {
-                let _removed = shards.entry(shard).or_default().entries.split_off(&since);
-            }
-            Record::Purge { shard, upto } => {
-                let log = shards.entry(shard).or_default();
-                log.entries = log.entries.split_off(&(upto.index + 1));
-                log.last_purged = Some(upto);
-            }
-        }
-        offset += FRAME_HEADER + len;
-    }
-    Ok(bytes.len() as u64)
-}
-
 #[cfg(test)]
-mod tests {
-    use openraft::CommittedLeaderId;
-
-    use super::*;
-
-    fn log_id(index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(1, 1), index)
-    }
-
-    fn append(wal: &Wal, shard: ShardId, indexes: std::ops::Range<u64>) {
-        let entries = indexes.map(|i| (log_id(i), vec![i as u8; 100])).collect();
-        wal.append(shard, entries).unwrap();
-    }
-
-    fn segments(dir: &Path) -> usize {
-        fs::read_dir(dir).unwrap().count()
-    }
-
-    #[test]
-    fn torn_write_at_the_end_is_cut_off_and_earlier_entries_survive() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let wal = Wal::open(dir.path()).unwrap();
-            append(&wal, 0, 1..4);
-            wal.sync().unwrap();
-        }
-        let segment = segment_path(dir.path(), 1);
-        let len = fs::metadata(&segment).unwrap().len();
-        OpenOptions::new()
-            .write(true)
-            .open(&segment)
-            .unwrap()
-            .set_len(len - 10)
-            .unwrap();
-
-        let wal = Wal::open(dir.path()).unwrap();
-        assert_eq!(wal.log_state(0), (None, Some(log_id(2))));
-        append(&wal, 0, 3..4);
-        drop(wal);
-        let wal = Wal::open(dir.path()).unwrap();
-        assert_eq!(
-            wal.read(0, 1..).unwrap(),
-            vec![vec![1; 100], vec![2; 100], vec![3; 100]]
-        );
-    }
-
-    #[test]
-    fn bit_flip_in_a_sealed_segment_refuses_to_open() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
-            append(&wal, 0, 1..10);
-        }
-        let sealed = segment_path(dir.path(), 1);
-        let mut bytes = fs::read(&sealed).unwrap();
-        bytes[20] ^= 0x40;
-        fs::write(&sealed, bytes).unwrap();
-        let error = Wal::open_with_segment_bytes(dir.path(), 300)
-            .err()
-            .expect("corruption must be refused");
-        assert!(error.to_string().contains("is corrupt"), "{error}");
-    }
-
-    #[test]
-    fn purged_segments_are_deleted_and_metadata_survives_in_checkpoints() {
-        let dir = tempfile::tempdir().unwrap();
-        let vote = Vote::new_committed(3, 1);
-        {
-            let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
-            wal.save_vote(0, &vote).unwrap();
-            wal.save_committed(0, Some(log_id(5))).unwrap();
-            for index in 1..20 {
-                append(&wal, 0, index..index + 1);
-            }
-            append(&wal, 1, 1..3);
-            assert!(segments(dir.path()) > 5);
-            wal.purge(0, log_id(18)).unwrap();
-            wal.purge(1, log_id(2)).unwrap();
-            assert!(
-                segments(dir.path()) <= 3,
-                "{} segments left",
-                segments(dir.path())
-            );
-        }
-        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
-        assert_eq!(wal.vote(0), Some(vote));
-        assert_eq!(wal.committed(0), Some(log_id(5)));
-        assert_eq!(wal.log_state(0), (Some(log_id(18)), Some(log_id(19))));
-        assert_eq!(wal.log_state(1), (Some(log_id(2)), Some(log_id(2))));
-        assert_eq!(wal.read(0, ..).unwrap(), vec![vec![19; 100]]);
-    }
-
-    #[test]
-    fn bit_flip_before_the_last_frame_of_the_active_segment_refuses_to_open() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let wal = Wal::open(dir.path()).unwrap();
-            append(&wal, 0, 1..4);
-        }
-        let active = segment_path(dir.path(), 1);
-        let mut bytes = fs::read(&active).unwrap();
-        bytes[20] ^= 0x40;
-        fs::write(&active, bytes).unwrap();
-        let error = Wal::open(dir.path())
-            .err()
-            .expect("synced entries after the damage must not be dropped");
-        assert!(error.to_string().contains("is corrupt"), "{error}");
-    }
-
-    #[test]
-    fn length_damaged_past_any_frame_size_is_corruption_not_a_torn_write() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let wal = Wal::open(dir.path()).unwrap();
-            append(&wal, 0, 1..4);
-            wal.sync().unwrap();
-        }
-        let active = segment_path(dir.path(), 1);
-        let mut bytes = fs::read(&active).unwrap();
-        bytes[3] ^= 0x04;
-        fs::write(&active, bytes).unwrap();
-        let error = Wal::open(dir.path())
-            .err()
-            .expect("a frame claiming 64 MiB more must not be cut as torn");
-        assert!(error.to_string().contains("is corrupt"), "{error}");
-    }
-
-    #[test]
-    fn truncated_entries_stay_gone_after_reopening() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let wal = Wal::open(dir.path()).unwrap();
-            append(&wal, 0, 1..6);
-            wal.truncate(0, 4).unwrap();
-        }
-        let wal = Wal::open(dir.path()).unwrap();
-        assert_eq!(wal.log_state(0), (None, Some(log_id(3))));
-    }
-}
+mod tests;

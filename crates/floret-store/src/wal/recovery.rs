@@ -1,0 +1,91 @@
+//! Recovery: replaying a segment's records into the shards' in-memory logs,
+//! telling a torn write at the very end (cut off) from damage anywhere else
+//! (the log refuses to open).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use super::{CorruptLog, FRAME_HEADER, Location, MAX_FRAME_BYTES, Record, ShardLog};
+use crate::records::decode;
+use crate::types::ShardId;
+
+/// Applies one segment's records to `shards`; returns the length of its valid prefix.
+pub(super) fn replay_segment(
+    path: &Path,
+    id: u64,
+    is_last: bool,
+    shards: &mut HashMap<ShardId, ShardLog>,
+) -> io::Result<u64> {
+    let bytes = fs::read(path)?;
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let corrupt = |reason: String, at_tail: bool| -> io::Result<u64> {
+            if is_last && at_tail {
+                tracing::warn!(path = %path.display(), offset, %reason, "cutting a torn write off the raft log");
+                Ok(offset as u64)
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    CorruptLog {
+                        path: path.to_path_buf(),
+                        offset: offset as u64,
+                        reason,
+                    },
+                ))
+            }
+        };
+        let Some(header) = bytes.get(offset..offset + FRAME_HEADER) else {
+            return corrupt("frame header cut short".into(), true);
+        };
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        let Some(body) = bytes.get(offset + FRAME_HEADER..offset + FRAME_HEADER + len) else {
+            return corrupt(
+                format!("frame of {len} bytes cut short"),
+                len <= MAX_FRAME_BYTES,
+            );
+        };
+        // Only the very last frame can be a torn write; a bad frame with
+        // frames after it is damage, and cutting there would drop synced data.
+        let is_last_frame = offset + FRAME_HEADER + len == bytes.len();
+        if crc32fast::hash(body) != crc {
+            return corrupt("checksum mismatch".into(), is_last_frame);
+        }
+        let record: Record = match decode("raft log record", body) {
+            Ok(record) => record,
+            Err(error) => return corrupt(error.to_string(), is_last_frame),
+        };
+        let frame_len = (FRAME_HEADER + len) as u32;
+        match record {
+            Record::Entry { shard, log_id, .. } => {
+                let log = shards.entry(shard).or_default();
+                let _conflicting = log.entries.split_off(&log_id.index);
+                log.entries.insert(
+                    log_id.index,
+                    Location {
+                        segment: id,
+                        offset: offset as u64,
+                        len: frame_len,
+                        log_id,
+                    },
+                );
+            }
+            Record::Vote { shard, vote } => shards.entry(shard).or_default().vote = Some(vote),
+            Record::Committed { shard, committed } => {
+                shards.entry(shard).or_default().committed = committed
+            }
+            Record::Truncate { shard, since } => {
+                let _removed = shards.entry(shard).or_default().entries.split_off(&since);
+            }
+            Record::Purge { shard, upto } => {
+                let log = shards.entry(shard).or_default();
+                log.entries = log.entries.split_off(&(upto.index + 1));
+                log.last_purged = Some(upto);
+            }
+        }
+        offset += FRAME_HEADER + len;
+    }
+    Ok(bytes.len() as u64)
+}

@@ -1,0 +1,75 @@
+//! The log's segment files: their names, creating one (and syncing the
+//! directory so it survives a crash), the frame a record is written as, and
+//! appending whole frames to the active segment.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{FRAME_HEADER, Record, Segment, WalState};
+use crate::records::encode;
+
+pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("wal-{id:020}.log"))
+}
+
+pub(super) fn frame(record: &Record) -> Vec<u8> {
+    let body = encode(record);
+    let mut frame = Vec::with_capacity(FRAME_HEADER + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+pub(super) fn create_segment(dir: &Path, id: u64) -> io::Result<Segment> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .open(segment_path(dir, id))?;
+    File::open(dir)?.sync_all()?;
+    Ok(Segment {
+        id,
+        file: Arc::new(file),
+        len: 0,
+    })
+}
+
+impl WalState {
+    pub(super) fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(reason) => Err(io::Error::other(format!(
+                "the raft log stopped after an I/O failure ({reason}); restart the node"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends whole frames; a failed write is cut back off so the file never
+    /// holds a partial frame while the node runs, and the log stops.
+    pub(super) fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.check()?;
+        if let Err(error) = (&*self.active.file).write_all(bytes) {
+            let cut = self.active.file.set_len(self.active.len);
+            self.failed = Some(match cut {
+                Ok(()) => format!("write failed: {error}"),
+                Err(cut_error) => {
+                    format!("write failed: {error}; cutting the partial frame failed: {cut_error}")
+                }
+            });
+            return Err(error);
+        }
+        self.active.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    pub(super) fn file(&self, segment: u64) -> Arc<File> {
+        if segment == self.active.id {
+            self.active.file.clone()
+        } else {
+            self.sealed[&segment].clone()
+        }
+    }
+}

@@ -1,0 +1,137 @@
+use openraft::CommittedLeaderId;
+
+use super::*;
+
+fn log_id(index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+fn append(wal: &Wal, shard: ShardId, indexes: std::ops::Range<u64>) {
+    let entries = indexes.map(|i| (log_id(i), vec![i as u8; 100])).collect();
+    wal.append(shard, entries).unwrap();
+}
+
+fn segments(dir: &Path) -> usize {
+    fs::read_dir(dir).unwrap().count()
+}
+
+#[test]
+fn torn_write_at_the_end_is_cut_off_and_earlier_entries_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open(dir.path()).unwrap();
+        append(&wal, 0, 1..4);
+        wal.sync().unwrap();
+    }
+    let segment = segment_path(dir.path(), 1);
+    let len = fs::metadata(&segment).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+
+    let wal = Wal::open(dir.path()).unwrap();
+    assert_eq!(wal.log_state(0), (None, Some(log_id(2))));
+    append(&wal, 0, 3..4);
+    drop(wal);
+    let wal = Wal::open(dir.path()).unwrap();
+    assert_eq!(
+        wal.read(0, 1..).unwrap(),
+        vec![vec![1; 100], vec![2; 100], vec![3; 100]]
+    );
+}
+
+#[test]
+fn bit_flip_in_a_sealed_segment_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+        append(&wal, 0, 1..10);
+    }
+    let sealed = segment_path(dir.path(), 1);
+    let mut bytes = fs::read(&sealed).unwrap();
+    bytes[20] ^= 0x40;
+    fs::write(&sealed, bytes).unwrap();
+    let error = Wal::open_with_segment_bytes(dir.path(), 300)
+        .err()
+        .expect("corruption must be refused");
+    assert!(error.to_string().contains("is corrupt"), "{error}");
+}
+
+#[test]
+fn purged_segments_are_deleted_and_metadata_survives_in_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let vote = Vote::new_committed(3, 1);
+    {
+        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+        wal.save_vote(0, &vote).unwrap();
+        wal.save_committed(0, Some(log_id(5))).unwrap();
+        for index in 1..20 {
+            append(&wal, 0, index..index + 1);
+        }
+        append(&wal, 1, 1..3);
+        assert!(segments(dir.path()) > 5);
+        wal.purge(0, log_id(18)).unwrap();
+        wal.purge(1, log_id(2)).unwrap();
+        assert!(
+            segments(dir.path()) <= 3,
+            "{} segments left",
+            segments(dir.path())
+        );
+    }
+    let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+    assert_eq!(wal.vote(0), Some(vote));
+    assert_eq!(wal.committed(0), Some(log_id(5)));
+    assert_eq!(wal.log_state(0), (Some(log_id(18)), Some(log_id(19))));
+    assert_eq!(wal.log_state(1), (Some(log_id(2)), Some(log_id(2))));
+    assert_eq!(wal.read(0, ..).unwrap(), vec![vec![19; 100]]);
+}
+
+#[test]
+fn bit_flip_before_the_last_frame_of_the_active_segment_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open(dir.path()).unwrap();
+        append(&wal, 0, 1..4);
+    }
+    let active = segment_path(dir.path(), 1);
+    let mut bytes = fs::read(&active).unwrap();
+    bytes[20] ^= 0x40;
+    fs::write(&active, bytes).unwrap();
+    let error = Wal::open(dir.path())
+        .err()
+        .expect("synced entries after the damage must not be dropped");
+    assert!(error.to_string().contains("is corrupt"), "{error}");
+}
+
+#[test]
+fn length_damaged_past_any_frame_size_is_corruption_not_a_torn_write() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open(dir.path()).unwrap();
+        append(&wal, 0, 1..4);
+        wal.sync().unwrap();
+    }
+    let active = segment_path(dir.path(), 1);
+    let mut bytes = fs::read(&active).unwrap();
+    bytes[3] ^= 0x04;
+    fs::write(&active, bytes).unwrap();
+    let error = Wal::open(dir.path())
+        .err()
+        .expect("a frame claiming 64 MiB more must not be cut as torn");
+    assert!(error.to_string().contains("is corrupt"), "{error}");
+}
+
+#[test]
+fn truncated_entries_stay_gone_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open(dir.path()).unwrap();
+        append(&wal, 0, 1..6);
+        wal.truncate(0, 4).unwrap();
+    }
+    let wal = Wal::open(dir.path()).unwrap();
+    assert_eq!(wal.log_state(0), (None, Some(log_id(3))));
+}
