@@ -50,7 +50,8 @@ pub struct ReflectionError(String);
 /// The running server.
 pub struct Server {
     health: HealthReporter,
-    task: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The serving task, until it has ended (then it must not be awaited again).
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
 }
 
 impl Server {
@@ -89,7 +90,10 @@ impl Server {
                     let _sender_gone = stopped.wait_for(|stopping| *stopping).await;
                 }),
         );
-        Ok(Self { health, task })
+        Ok(Self {
+            health,
+            task: Some(task),
+        })
     }
 
     /// Health answers SERVING.
@@ -112,7 +116,12 @@ impl Server {
 
     /// Resolves if the server stops by itself (it failed), saying how.
     pub async fn failed(&mut self) {
-        match (&mut self.task).await {
+        let Some(task) = &mut self.task else {
+            return std::future::pending().await;
+        };
+        let ended = task.await;
+        self.task = None;
+        match ended {
             Ok(Ok(())) => tracing::warn!("gRPC server stopped by itself"),
             Ok(Err(error)) => tracing::error!(%error, "gRPC server failed"),
             Err(error) => tracing::error!(%error, "gRPC server task failed"),
@@ -120,10 +129,14 @@ impl Server {
     }
 
     /// Waits up to `drain` for open calls to end once the node's stop was
-    /// signalled, then closes what is left.
+    /// signalled, then closes what is left; nothing to wait for if the
+    /// server already ended by itself ([`Server::failed`]).
     pub async fn drain(self, drain: Duration) {
-        let abort = self.task.abort_handle();
-        match tokio::time::timeout(drain, self.task).await {
+        let Some(task) = self.task else {
+            return;
+        };
+        let abort = task.abort_handle();
+        match tokio::time::timeout(drain, task).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => tracing::warn!(%error, "gRPC server task did not end cleanly"),
             Err(_) => {
