@@ -21,6 +21,10 @@ pub const NO_LEADER_RETRY_AFTER: Duration = Duration::from_millis(200);
 /// time consumers take to make room.
 pub const OVER_LIMIT_RETRY_AFTER: Duration = Duration::from_millis(500);
 
+/// Wait suggested to a producer whose line of waiting produce calls is full:
+/// about the time a few entries take to commit.
+pub const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_millis(50);
+
 /// A refused or failed request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -117,11 +121,20 @@ impl RequestError {
 
 impl From<ProposeError> for RequestError {
     /// A proposal that did not commit: try again (the client's idempotency
-    /// sequence makes a retry safe).
+    /// sequence makes a retry safe). A producer whose line was full waits
+    /// for it to drain.
     fn from(error: ProposeError) -> Self {
-        Self::Unavailable {
-            message: error.to_string(),
-            retry_after: Some(NO_LEADER_RETRY_AFTER),
+        match error {
+            ProposeError::ProducerQueueFull { .. } => Self::Exhausted {
+                message: error.to_string(),
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            },
+            ProposeError::NotLeader { .. }
+            | ProposeError::HandingOver { .. }
+            | ProposeError::Unavailable { .. } => Self::Unavailable {
+                message: error.to_string(),
+                retry_after: Some(NO_LEADER_RETRY_AFTER),
+            },
         }
     }
 }

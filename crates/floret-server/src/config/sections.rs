@@ -174,6 +174,12 @@ pub struct BatchingConfig {
     /// How long a produce or ack waits for its entry to commit before it is
     /// answered UNAVAILABLE (outcome unknown: no majority reachable), in ms.
     pub commit_timeout_ms: u64,
+    /// Produce calls one producer may have waiting for an entry on this
+    /// node; past it, its calls are refused RESOURCE_EXHAUSTED (others'
+    /// are not).
+    pub max_queued_calls_per_producer: usize,
+    /// Payload bytes one producer may have waiting for an entry on this node.
+    pub max_queued_bytes_per_producer: usize,
 }
 
 /// Raft timing, in milliseconds.
@@ -227,6 +233,8 @@ impl Default for BatchingConfig {
             max_entry_bytes: 64 * 1024,
             proposals_in_flight: 2,
             commit_timeout_ms: 5_000,
+            max_queued_calls_per_producer: 1_024,
+            max_queued_bytes_per_producer: 64 * 1024 * 1024,
         }
     }
 }

@@ -84,9 +84,10 @@ impl Config {
         if batching.max_entry_ops == 0
             || batching.proposals_in_flight == 0
             || batching.commit_timeout_ms == 0
+            || batching.max_queued_calls_per_producer == 0
         {
             return Err(
-                "batching.max_entry_ops, batching.proposals_in_flight and batching.commit_timeout_ms must be > 0".into(),
+                "batching.max_entry_ops, batching.proposals_in_flight, batching.commit_timeout_ms and batching.max_queued_calls_per_producer must be > 0".into(),
             );
         }
         let raft = &self.raft;

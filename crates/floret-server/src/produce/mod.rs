@@ -9,7 +9,9 @@
 //!    `backpressure.rs`) and the producer's `produce_rate` (`rate.rs`)
 //!    decide whether it is admitted; both are pure decisions.
 //! 4. `proposer.rs`: the shard's proposer folds it with other operations
-//!    into one raft entry; the produce is answered once that entry is
+//!    into one raft entry, composed round robin over the producers with
+//!    calls waiting (`lanes.rs`), so a flood of calls delays no one else's
+//!    by more than an entry; the produce is answered once that entry is
 //!    applied, which is once it is durable on a majority.
 //! 5. [`ProducePipeline::answer`] turns what the state machine answered
 //!    (sequences, a stale idempotency sequence, the producer's limits) into
@@ -19,12 +21,13 @@
 //! - A forwarded produce costs one more network round trip. Its answer
 //!   names the leader (`leader_address`), so a client given that node's
 //!   address sends the producer's next produces there directly.
-//! - Calls are admitted in arrival order: a flood of one-message calls
-//!   queues ahead of a quiet producer's call (no fair admission yet).
+//! - Every call still costs its own gRPC request and task up to the
+//!   proposer, so a flood of one-message calls takes CPU from everyone.
 
 pub mod admission;
 pub mod backpressure;
 pub mod batch;
+pub mod lanes;
 pub mod proposer;
 pub mod rate;
 

@@ -3,9 +3,16 @@
 //! openraft 0.9 flushes once per entry within a group, so throughput comes
 //! from operations per entry. Each shard has a proposer task: it takes the
 //! first waiting operation, waits for one of `proposals_in_flight` slots, and
-//! meanwhile more operations queue up; then it drains them (up to
-//! `max_entry_ops` / `max_entry_bytes`) into one entry. Under load entries
-//! fill by themselves; an idle shard adds no linger to a lone produce.
+//! meanwhile more operations queue up; then it composes one entry from them
+//! (up to `max_entry_ops` / `max_entry_bytes`). Under load entries fill by
+//! themselves; an idle shard adds no linger to a lone produce.
+//!
+//! Waiting operations are kept in one line per producer (`lanes.rs`): an
+//! entry takes settles first, then the producers in turn, so a flood of
+//! calls from one producer does not delay another's produce by more than an
+//! entry, and a producer past its bound of waiting calls is refused
+//! ([`ProposeError::ProducerQueueFull`]). An operation whose caller went
+//! away before its entry was composed is not proposed.
 //!
 //! While the node hands a shard's leadership back to its preferred replica,
 //! the shard's proposer is paused: new operations fail at once with
@@ -24,6 +31,7 @@ use floret_store::{Command, DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::lanes::{EntryLanes, Lane, LaneFull, LaneLimits};
 use crate::config::BatchingConfig;
 
 /// Why an operation was not committed.
@@ -42,6 +50,18 @@ pub enum ProposeError {
     HandingOver {
         /// The shard.
         shard: ShardId,
+    },
+    /// The producer has as many produce calls waiting here as it may; nothing was proposed.
+    #[error("producer {producer:?} has {calls} produce calls ({bytes} bytes) waiting for shard {shard} on this node, as many as it may; nothing was stored, retry later (other producers are not held back)")]
+    ProducerQueueFull {
+        /// The shard.
+        shard: ShardId,
+        /// The producer.
+        producer: String,
+        /// Its calls waiting.
+        calls: usize,
+        /// Their bytes.
+        bytes: usize,
     },
     /// The raft group stopped or failed; the outcome is unknown.
     #[error("shard {shard} cannot commit: {reason}")]
@@ -63,7 +83,7 @@ struct Proposal {
 #[derive(Clone)]
 pub struct ShardProposer {
     shard: ShardId,
-    proposals: mpsc::UnboundedSender<Proposal>,
+    proposals: mpsc::UnboundedSender<(Lane, Proposal)>,
     paused_until: Arc<Mutex<Option<Instant>>>,
 }
 
@@ -119,8 +139,9 @@ impl ShardProposer {
         }
         let (reply, replied) = oneshot::channel();
         let bytes = op_bytes(&op);
+        let lane = lane_of(&op);
         self.proposals
-            .send(Proposal { op, bytes, reply })
+            .send((lane, Proposal { op, bytes, reply }))
             .map_err(|_| self.stopped())?;
         replied.await.map_err(|_| self.stopped())?
     }
@@ -130,6 +151,24 @@ impl ShardProposer {
             shard: self.shard,
             reason: "the node is shutting down".into(),
         }
+    }
+}
+
+/// Produces wait in their producer's line; everything else settles or governs.
+fn lane_of(op: &Op) -> Lane {
+    match op {
+        Op::Enqueue(enqueue) | Op::EnqueueDelayed(DelayedEnqueue { enqueue, .. }) => {
+            Lane::Producer {
+                queue: enqueue.queue.clone(),
+                producer: enqueue.producer.clone(),
+            }
+        }
+        Op::Remove(_)
+        | Op::SetPolicy(_)
+        | Op::ForgetIdle(_)
+        | Op::Discard(_)
+        | Op::ReplayDeadLetters(_)
+        | Op::DeleteDeadLetters(_) => Lane::Settle,
     }
 }
 
@@ -152,59 +191,92 @@ async fn run(
     shard: ShardId,
     raft: Raft,
     batching: BatchingConfig,
-    mut pending: mpsc::UnboundedReceiver<Proposal>,
+    mut pending: mpsc::UnboundedReceiver<(Lane, Proposal)>,
 ) {
     let slots = Arc::new(Semaphore::new(batching.proposals_in_flight));
     let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
-    while let Some(first) = pending.recv().await {
+    let mut lanes = EntryLanes::new(LaneLimits {
+        entry_ops: batching.max_entry_ops,
+        entry_bytes: batching.max_entry_bytes,
+        producer_calls: batching.max_queued_calls_per_producer,
+        producer_bytes: batching.max_queued_bytes_per_producer,
+    });
+    loop {
+        if lanes.is_empty() {
+            let Some(first) = pending.recv().await else {
+                break;
+            };
+            queue(shard, &mut lanes, first);
+        }
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
         };
-        let mut bytes = first.bytes;
-        let mut batch = vec![first];
-        while batch.len() < batching.max_entry_ops && bytes < batching.max_entry_bytes {
-            match pending.try_recv() {
-                Ok(next) => {
-                    bytes += next.bytes;
-                    batch.push(next);
-                }
-                Err(_) => break,
+        while let Ok(next) = pending.try_recv() {
+            queue(shard, &mut lanes, next);
+        }
+        lanes.retain(|proposal| !proposal.reply.is_closed());
+        let entry = lanes.next_entry();
+        if entry.is_empty() {
+            continue;
+        }
+        metrics::histogram!("floret_entry_ops").record(entry.len() as f64);
+        tokio::spawn(commit(shard, raft.clone(), entry, commit_timeout, slot));
+    }
+}
+
+/// Puts `proposal` in its line, or refuses it when its producer's line is full.
+fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (Lane, Proposal)) {
+    let producer = match &lane {
+        Lane::Producer { producer, .. } => producer.clone(),
+        Lane::Settle => String::new(),
+    };
+    let bytes = proposal.bytes;
+    if let Err((refused, LaneFull { calls, bytes })) = lanes.push(lane, proposal, bytes) {
+        metrics::counter!("floret_produce_queue_full_total").increment(1);
+        let _caller_gone = refused.reply.send(Err(ProposeError::ProducerQueueFull {
+            shard,
+            producer,
+            calls,
+            bytes,
+        }));
+    }
+}
+
+/// Proposes one entry and answers each of its operations.
+async fn commit(
+    shard: ShardId,
+    raft: Raft,
+    entry: Vec<Proposal>,
+    commit_timeout: Duration,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let (ops, replies): (Vec<_>, Vec<_>) = entry.into_iter().map(|p| (p.op, p.reply)).unzip();
+    let outcome = tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
+    drop(slot);
+    match outcome {
+        Err(_) => {
+            let error = ProposeError::Unavailable {
+                shard,
+                reason: format!(
+                    "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
+                ),
+            };
+            for reply in replies {
+                let _caller_gone = reply.send(Err(error.clone()));
             }
         }
-        metrics::histogram!("floret_entry_ops").record(batch.len() as f64);
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            let (ops, replies): (Vec<_>, Vec<_>) =
-                batch.into_iter().map(|p| (p.op, p.reply)).unzip();
-            let outcome =
-                tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
-            drop(slot);
-            match outcome {
-                Err(_) => {
-                    let error = ProposeError::Unavailable {
-                        shard,
-                        reason: format!(
-                            "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
-                        ),
-                    };
-                    for reply in replies {
-                        let _caller_gone = reply.send(Err(error.clone()));
-                    }
-                }
-                Ok(Ok(response)) => {
-                    floret_store::failpoints::crash_if_fires("proposer-before-reply");
-                    for (reply, result) in replies.into_iter().zip(response.data.replies) {
-                        let _caller_gone = reply.send(Ok(result));
-                    }
-                }
-                Ok(Err(error)) => {
-                    let error = propose_error(shard, error);
-                    for reply in replies {
-                        let _caller_gone = reply.send(Err(error.clone()));
-                    }
-                }
+        Ok(Ok(response)) => {
+            floret_store::failpoints::crash_if_fires("proposer-before-reply");
+            for (reply, result) in replies.into_iter().zip(response.data.replies) {
+                let _caller_gone = reply.send(Ok(result));
             }
-        });
+        }
+        Ok(Err(error)) => {
+            let error = propose_error(shard, error);
+            for reply in replies {
+                let _caller_gone = reply.send(Err(error.clone()));
+            }
+        }
     }
 }
 

@@ -50,7 +50,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::error::NO_LEADER_RETRY_AFTER;
+    use crate::error::{NO_LEADER_RETRY_AFTER, QUEUE_FULL_RETRY_AFTER};
+    use crate::produce::proposer::ProposeError;
 
     fn retry_after_ms(status: &Status) -> Option<&str> {
         status
@@ -83,6 +84,20 @@ mod tests {
         assert!(no_leader.message().contains("node 2 may lead it"));
         let hint = NO_LEADER_RETRY_AFTER.as_millis().to_string();
         assert_eq!(retry_after_ms(&no_leader), Some(hint.as_str()));
+    }
+
+    #[test]
+    fn a_producer_with_a_full_line_is_throttled_not_told_the_node_is_down() {
+        let full = Status::from(RequestError::from(ProposeError::ProducerQueueFull {
+            shard: 2,
+            producer: "flooder".into(),
+            calls: 1024,
+            bytes: 131_072,
+        }));
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert!(full.message().contains("\"flooder\" has 1024 produce calls"));
+        let hint = QUEUE_FULL_RETRY_AFTER.as_millis().to_string();
+        assert_eq!(retry_after_ms(&full), Some(hint.as_str()));
     }
 
     #[test]

@@ -1,0 +1,158 @@
+//! Scenario scripts for the entry lanes. A script is commands, each
+//! followed by the lines it must print (`> ...`):
+//!
+//! - `push PRODUCER NAME BYTES` queues an operation in the producer's line
+//!   (prints nothing, or `refused NAME: C calls, B bytes waiting`);
+//! - `settle NAME BYTES` queues a settling operation;
+//! - `gone NAME` marks an operation's caller as gone and drops it;
+//! - `entry` composes the next entry and prints its operations.
+
+use super::{EntryLanes, Lane, LaneLimits};
+
+const LIMITS: LaneLimits = LaneLimits {
+    entry_ops: 4,
+    entry_bytes: 100,
+    producer_calls: 3,
+    producer_bytes: 50,
+};
+
+fn run(script: &str) {
+    let mut lanes = EntryLanes::new(LIMITS);
+    let mut printed = Vec::new();
+    let mut expected = Vec::new();
+    for line in script.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(output) = line.strip_prefix('>') {
+            expected.push(output.trim().to_owned());
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let size = |word: &str| word.parse::<usize>().expect("a size");
+        match words.as_slice() {
+            ["push", producer, name, bytes] => {
+                let lane = Lane::Producer {
+                    queue: "q".into(),
+                    producer: (*producer).to_owned(),
+                };
+                if let Err((_, full)) = lanes.push(lane, (*name).to_owned(), size(bytes)) {
+                    printed.push(format!(
+                        "refused {name}: {} calls, {} bytes waiting",
+                        full.calls, full.bytes
+                    ));
+                }
+            }
+            ["settle", name, bytes] => {
+                lanes
+                    .push(Lane::Settle, (*name).to_owned(), size(bytes))
+                    .expect("settles are never refused");
+            }
+            ["gone", name] => lanes.retain(|operation| operation != name),
+            ["entry"] => printed.push(format!("entry: {}", lanes.next_entry().join(" ")).trim().to_owned()),
+            other => panic!("unknown command {other:?}"),
+        }
+    }
+    assert_eq!(printed, expected, "script:\n{script}");
+}
+
+#[test]
+fn a_quiet_producers_call_goes_into_the_next_entry_behind_a_flood() {
+    run("
+        push flood f1 10
+        push flood f2 10
+        push flood f3 10
+        push quiet q1 10
+        entry
+        > entry: f1 q1 f2 f3
+    ");
+}
+
+#[test]
+fn producers_take_turns_across_entries_where_the_last_entry_stopped() {
+    run("
+        push a a1 1
+        push a a2 1
+        push a a3 1
+        push b b1 1
+        push b b2 1
+        push b b3 1
+        push c c1 1
+        push c c2 1
+        entry
+        > entry: a1 b1 c1 a2
+        entry
+        > entry: b2 c2 a3 b3
+        entry
+        > entry:
+    ");
+}
+
+#[test]
+fn settles_go_first_so_acks_are_not_stuck_behind_produces() {
+    run("
+        push flood f1 10
+        push flood f2 10
+        settle ack1 5
+        settle ack2 5
+        entry
+        > entry: ack1 ack2 f1 f2
+    ");
+}
+
+#[test]
+fn a_flooding_producer_is_refused_past_its_calls_and_others_are_not() {
+    run("
+        push flood f1 1
+        push flood f2 1
+        push flood f3 1
+        push flood f4 1
+        > refused f4: 3 calls, 3 bytes waiting
+        push quiet q1 1
+        entry
+        > entry: f1 q1 f2 f3
+        push flood f5 1
+        entry
+        > entry: f5
+    ");
+}
+
+#[test]
+fn a_producer_is_refused_past_its_bytes_but_one_large_call_still_goes_alone() {
+    run("
+        push big b1 80
+        push big b2 1
+        > refused b2: 1 calls, 80 bytes waiting
+        push small s1 30
+        push small s2 30
+        > refused s2: 1 calls, 30 bytes waiting
+        entry
+        > entry: b1 s1
+    ");
+}
+
+#[test]
+fn an_entry_closes_at_its_bytes_after_the_operation_that_crossed_them() {
+    run("
+        push a a1 40
+        push b b1 40
+        push c c1 40
+        push d d1 1
+        entry
+        > entry: a1 b1 c1
+        entry
+        > entry: d1
+    ");
+}
+
+#[test]
+fn a_call_whose_caller_is_gone_is_not_proposed_and_frees_its_place() {
+    run("
+        push flood f1 1
+        push flood f2 1
+        push flood f3 1
+        gone f2
+        push flood f4 1
+        push quiet q1 1
+        gone q1
+        entry
+        > entry: f1 f3 f4
+    ");
+}
