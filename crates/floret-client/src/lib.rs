@@ -21,6 +21,7 @@
 //! - A consume stream is bound to one node; when that node dies the stream
 //!   ends and the caller opens a new one.
 
+mod coalesce;
 mod consumer;
 mod retry;
 mod routes;
@@ -31,8 +32,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use floret_proto::v1;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::coalesce::Coalescer;
 use crate::routes::{Routes, host_port};
 
+pub use coalesce::ProduceCoalescing;
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
     AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, Message,
@@ -69,6 +72,8 @@ pub enum ClientError {
 #[derive(Clone)]
 pub struct Client {
     floret: v1::floret_client::FloretClient<Channel>,
+    /// Produce calls through any node, folded together.
+    produces: Arc<Coalescer>,
     admin: v1::admin_client::AdminClient<Channel>,
     retry: RetryPolicy,
     /// Leaders of producers, when the client was given several nodes.
@@ -106,18 +111,31 @@ impl Client {
                         (host_port(node).to_owned(), client)
                     })
                     .collect();
+                let routes = Routes::new(each_node, ProduceCoalescing::default());
                 (
                     Channel::balance_list(endpoints.into_iter()),
-                    Some(Arc::new(Routes::new(each_node))),
+                    Some(Arc::new(routes)),
                 )
             }
         };
+        let floret = floret_client(channel.clone());
         Ok(Self {
-            floret: floret_client(channel.clone()),
+            produces: Arc::new(Coalescer::new(floret.clone(), ProduceCoalescing::default())),
+            floret,
             admin: v1::admin_client::AdminClient::new(channel),
             retry: RetryPolicy::default(),
             routes,
         })
+    }
+
+    /// Replaces how concurrent produce calls are folded into one request
+    /// (`max_produces: 1` sends every call alone).
+    pub fn with_produce_coalescing(mut self, coalescing: ProduceCoalescing) -> Self {
+        self.produces = Arc::new(Coalescer::new(self.floret.clone(), coalescing));
+        self.routes = self
+            .routes
+            .map(|routes| Arc::new(routes.with_coalescing(coalescing)));
+        self
     }
 
     /// Replaces the retry policy.
@@ -190,14 +208,14 @@ impl Client {
             let routes = self.routes.as_deref();
             let routed = routes.and_then(|r| r.leader(&request.queue, &request.producer_id));
             let was_routed = routed.is_some();
-            let mut node = routed.unwrap_or_else(|| self.floret.clone());
+            let node = routed.unwrap_or_else(|| self.produces.clone());
             let result = node.produce(request.clone()).await;
             if let Some(routes) = routes {
                 match &result {
                     Ok(response) => routes.learn(
                         &request.queue,
                         &request.producer_id,
-                        &response.get_ref().leader_address,
+                        &response.leader_address,
                     ),
                     Err(status) if was_routed && is_retryable(status) && !is_throttled(status) => {
                         tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
@@ -207,7 +225,7 @@ impl Client {
                 }
             }
             match result {
-                Ok(response) => return Ok(response.into_inner()),
+                Ok(response) => return Ok(response),
                 Err(status)
                     if retry_on(&status) && started.elapsed() < self.retry.give_up_after =>
                 {

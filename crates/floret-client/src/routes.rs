@@ -15,10 +15,12 @@
 //!   starts over (the next produce of each goes through any node again).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use floret_proto::v1::floret_client::FloretClient;
 use tonic::transport::Channel;
+
+use crate::coalesce::{Coalescer, ProduceCoalescing};
 
 /// Most producers whose leader a client remembers.
 pub const MAX_ROUTES: usize = 100_000;
@@ -30,10 +32,19 @@ struct Leaders {
     remembered: usize,
 }
 
+/// One of the nodes a client was given.
+struct Node {
+    /// Its `host:port`.
+    address: String,
+    /// A client connected to it alone.
+    client: FloretClient<Channel>,
+    /// The produce calls bound for it.
+    produces: Arc<Coalescer>,
+}
+
 /// The nodes a client was given and which of them leads each producer.
 pub(crate) struct Routes {
-    /// Each node's `host:port` and a client connected to it alone.
-    nodes: Vec<(String, FloretClient<Channel>)>,
+    nodes: Vec<Node>,
     leaders: Mutex<Leaders>,
 }
 
@@ -44,23 +55,45 @@ pub(crate) fn host_port(address: &str) -> &str {
 }
 
 impl Routes {
-    /// Routes over `nodes` (`host:port` and a client of that node alone).
-    pub(crate) fn new(nodes: Vec<(String, FloretClient<Channel>)>) -> Self {
+    /// Routes over `nodes` (`host:port` and a client of that node alone),
+    /// folding concurrent produces to each under `coalescing`.
+    pub(crate) fn new(
+        nodes: Vec<(String, FloretClient<Channel>)>,
+        coalescing: ProduceCoalescing,
+    ) -> Self {
+        let nodes = nodes
+            .into_iter()
+            .map(|(address, client)| Node {
+                produces: Arc::new(Coalescer::new(client.clone(), coalescing)),
+                address,
+                client,
+            })
+            .collect();
         Self {
             nodes,
             leaders: Mutex::default(),
         }
     }
 
+    /// The same nodes, folding produces under `coalescing`; no route is kept.
+    pub(crate) fn with_coalescing(&self, coalescing: ProduceCoalescing) -> Self {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| (node.address.clone(), node.client.clone()))
+            .collect();
+        Self::new(nodes, coalescing)
+    }
+
     fn leaders(&self) -> MutexGuard<'_, Leaders> {
         self.leaders.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A client of the node last known to lead `producer`, if it is one
-    /// of the client's nodes.
-    pub(crate) fn leader(&self, queue: &str, producer: &str) -> Option<FloretClient<Channel>> {
+    /// The produce calls of the node last known to lead `producer`, if it
+    /// is one of the client's nodes.
+    pub(crate) fn leader(&self, queue: &str, producer: &str) -> Option<Arc<Coalescer>> {
         let node = *self.leaders().by_queue.get(queue)?.get(producer)?;
-        Some(self.nodes[node].1.clone())
+        Some(self.nodes[node].produces.clone())
     }
 
     /// Remembers that `leader_address` led `producer`'s shard (or forgets
@@ -70,7 +103,7 @@ impl Routes {
         let Some(node) = self
             .nodes
             .iter()
-            .position(|(address, _)| address == leader_address)
+            .position(|node| node.address == leader_address)
         else {
             self.forget(queue, producer);
             return;
@@ -121,7 +154,7 @@ mod tests {
                 ((*address).to_owned(), FloretClient::new(channel))
             })
             .collect();
-        Routes::new(nodes)
+        Routes::new(nodes, ProduceCoalescing::default())
     }
 
     #[tokio::test]

@@ -43,6 +43,14 @@ pub enum InvalidRequest {
         /// The limit.
         max: usize,
     },
+    /// A `ProduceMany` over its limit of produces.
+    #[error("too many produces in one ProduceMany: {count} > {max}")]
+    TooManyProduces {
+        /// Produces sent.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// One message's payload over the limit.
     #[error("message {index}: payload too large: {len} bytes > {max}")]
     PayloadTooLarge {

@@ -223,7 +223,14 @@ impl Default for DeliveryConfig {
 impl Default for BatchingConfig {
     fn default() -> Self {
         Self {
-            max_entry_ops: 1_024,
+            // An entry's commit takes as long as its operations take to
+            // apply and answer, and a quiet producer's produce waits for the
+            // entries in flight ahead of it: under a flood of one-message
+            // calls, 64 operations per entry give a quiet p99 of 36 ms
+            // against 82 ms with 1,024 (three nodes, median of 3), for
+            // about 10% less of the flood accepted. Batched produces fill
+            // entries by bytes long before 64 operations.
+            max_entry_ops: 64,
             // Entries of a flood stay small enough to commit quickly, so a
             // quiet producer on the same shard waits behind two short
             // entries, not two long ones (noisy-neighbor bench: quiet p99

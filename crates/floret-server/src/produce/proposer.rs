@@ -52,7 +52,9 @@ pub enum ProposeError {
         shard: ShardId,
     },
     /// The producer has as many produce calls waiting here as it may; nothing was proposed.
-    #[error("producer {producer:?} has {calls} produce calls ({bytes} bytes) waiting for shard {shard} on this node, as many as it may; nothing was stored, retry later (other producers are not held back)")]
+    #[error(
+        "producer {producer:?} has {calls} produce calls ({bytes} bytes) waiting for shard {shard} on this node, as many as it may; nothing was stored, retry later (other producers are not held back)"
+    )]
     ProducerQueueFull {
         /// The shard.
         shard: ShardId,

@@ -3,10 +3,16 @@
 //! (checks, routing, admission, raft); a consume merges every node's
 //! dispatcher ([`super::fan_in`]); acks go to their shard's leader
 //! ([`Settler`]).
+//!
+//! A `ProduceMany` runs each of its produces down the same pipeline, all
+//! driven by the one task that streams their outcomes back (no task per
+//! produce), each outcome sent as soon as it is known.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use floret_proto::v1::{self, consume_request};
+use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -15,26 +21,59 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, fan_in, now_unix_ms};
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleCode, SettleKind};
 use crate::error::RequestError;
-use crate::produce::ProducePipeline;
+use crate::produce::{ProduceAnswer, ProducePipeline};
 use crate::request::{self, InvalidRequest};
 use crate::router::FORWARDED_BY;
 use crate::settle::Settler;
 
+/// Most produces in one `ProduceMany`.
+pub const MAX_PRODUCES_PER_CALL: usize = 10_000;
+
+/// Most outcomes streamed back in one `ProduceManyReply`.
+const OUTCOMES_PER_REPLY: usize = 1_024;
+
 /// Serves the data plane of one node.
 pub struct FloretService {
-    produce: ProducePipeline,
+    produce: Arc<ProducePipeline>,
     sources: fan_in::Sources,
 }
 
 impl FloretService {
     /// A service over the node's produce path and consumer sources.
     pub fn new(produce: ProducePipeline, sources: fan_in::Sources) -> Self {
-        Self { produce, sources }
+        Self {
+            produce: Arc::new(produce),
+            sources,
+        }
     }
 }
 
 /// Stream of responses on a consume call.
 pub type ConsumeStream = Pin<Box<dyn Stream<Item = Result<v1::ConsumeResponse, Status>> + Send>>;
+
+/// Stream of outcomes on a `ProduceMany` call.
+pub type ProduceManyStream =
+    Pin<Box<dyn Stream<Item = Result<v1::ProduceManyReply, Status>> + Send>>;
+
+/// What a produce of a `ProduceMany` came to.
+fn outcome(index: usize, result: Result<ProduceAnswer, RequestError>) -> v1::ProduceOutcome {
+    let result = match result {
+        Ok(answer) => v1::produce_outcome::Result::Produced(produce_response(answer)),
+        Err(error) => v1::produce_outcome::Result::Refused(error.into()),
+    };
+    v1::ProduceOutcome {
+        index: index as u32,
+        result: Some(result),
+    }
+}
+
+fn produce_response(answer: ProduceAnswer) -> v1::ProduceResponse {
+    v1::ProduceResponse {
+        sequences: answer.sequences,
+        duplicate: answer.duplicate,
+        leader_address: answer.leader_address,
+    }
+}
 
 #[tonic::async_trait]
 impl v1::floret_server::Floret for FloretService {
@@ -46,11 +85,49 @@ impl v1::floret_server::Floret for FloretService {
         let now_ms = now_unix_ms();
         let batch = self.produce.parse(request.into_inner(), now_ms)?;
         let answer = self.produce.produce(batch, forwarded, now_ms).await?;
-        Ok(Response::new(v1::ProduceResponse {
-            sequences: answer.sequences,
-            duplicate: answer.duplicate,
-            leader_address: answer.leader_address,
-        }))
+        Ok(Response::new(produce_response(answer)))
+    }
+
+    type ProduceManyStream = ProduceManyStream;
+
+    async fn produce_many(
+        &self,
+        request: Request<v1::ProduceManyRequest>,
+    ) -> Result<Response<Self::ProduceManyStream>, Status> {
+        let forwarded = request.metadata().contains_key(FORWARDED_BY);
+        let now_ms = now_unix_ms();
+        let produces = request.into_inner().produces;
+        if produces.is_empty() {
+            return Err(
+                InvalidRequest::Malformed("a ProduceMany needs at least one produce").into(),
+            );
+        }
+        if produces.len() > MAX_PRODUCES_PER_CALL {
+            return Err(InvalidRequest::TooManyProduces {
+                count: produces.len(),
+                max: MAX_PRODUCES_PER_CALL,
+            }
+            .into());
+        }
+        let mut refused = Vec::new();
+        let pending = FuturesUnordered::new();
+        for (index, produce) in produces.into_iter().enumerate() {
+            match self.produce.parse(produce, now_ms) {
+                Ok(batch) => {
+                    let pipeline = self.produce.clone();
+                    pending.push(async move {
+                        let result = pipeline.produce(batch, forwarded, now_ms).await;
+                        outcome(index, result)
+                    });
+                }
+                Err(error) => refused.push(outcome(index, Err(error))),
+            }
+        }
+        let outcomes = futures::stream::iter(refused)
+            .chain(pending)
+            .ready_chunks(OUTCOMES_PER_REPLY)
+            .map(|outcomes| Ok(v1::ProduceManyReply { outcomes }));
+        Ok(Response::new(Box::pin(outcomes)))
     }
 
     type ConsumeStream = ConsumeStream;

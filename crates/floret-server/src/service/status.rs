@@ -1,6 +1,8 @@
 //! How a refused or failed request becomes a gRPC status: the one place
-//! where a [`RequestError`] meets `tonic::Status`, retry hint included.
+//! where a [`RequestError`] meets `tonic::Status`, retry hint included, and
+//! its twin in a `ProduceMany` answer, a `Refusal`.
 
+use floret_proto::v1;
 use tonic::{Code, Status};
 
 use super::convert;
@@ -13,24 +15,44 @@ pub const RETRY_AFTER_MS: &str = "floret-retry-after-ms";
 
 impl From<RequestError> for Status {
     fn from(error: RequestError) -> Self {
-        let code = match &error {
-            RequestError::Invalid(_) => Code::InvalidArgument,
-            RequestError::Stale(_) => Code::FailedPrecondition,
-            RequestError::Exhausted { .. } => Code::ResourceExhausted,
-            RequestError::NoLeader { .. }
-            | RequestError::LeaderUnreachable { .. }
-            | RequestError::Unavailable { .. } => Code::Unavailable,
-            RequestError::Relayed { grpc_code, .. } => Code::from_i32(*grpc_code),
-            RequestError::NotSettled { code, .. } => convert::settle_code(*code),
-            RequestError::Internal(_) => Code::Internal,
-        };
-        let mut status = Status::new(code, error.to_string());
-        if let Some(retry_after) = error.retry_after() {
-            let millis = retry_after.as_millis().clamp(1, u128::from(u32::MAX)) as u64;
+        let mut status = Status::new(code_of(&error), error.to_string());
+        if let Some(millis) = retry_hint_ms(&error) {
             status.metadata_mut().insert(RETRY_AFTER_MS, millis.into());
         }
         status
     }
+}
+
+impl From<RequestError> for v1::Refusal {
+    /// A produce of a `ProduceMany` that failed: the status a `Produce`
+    /// call would have carried.
+    fn from(error: RequestError) -> Self {
+        Self {
+            code: code_of(&error) as i32,
+            retry_after_ms: retry_hint_ms(&error).unwrap_or_default(),
+            message: error.to_string(),
+        }
+    }
+}
+
+fn code_of(error: &RequestError) -> Code {
+    match error {
+        RequestError::Invalid(_) => Code::InvalidArgument,
+        RequestError::Stale(_) => Code::FailedPrecondition,
+        RequestError::Exhausted { .. } => Code::ResourceExhausted,
+        RequestError::NoLeader { .. }
+        | RequestError::LeaderUnreachable { .. }
+        | RequestError::Unavailable { .. } => Code::Unavailable,
+        RequestError::Relayed { grpc_code, .. } => Code::from_i32(*grpc_code),
+        RequestError::NotSettled { code, .. } => convert::settle_code(*code),
+        RequestError::Internal(_) => Code::Internal,
+    }
+}
+
+/// The retry hint in whole milliseconds, at least 1.
+fn retry_hint_ms(error: &RequestError) -> Option<u64> {
+    let retry_after = error.retry_after()?;
+    Some(retry_after.as_millis().clamp(1, u128::from(u32::MAX)) as u64)
 }
 
 impl From<InvalidRequest> for Status {
@@ -95,7 +117,10 @@ mod tests {
             bytes: 131_072,
         }));
         assert_eq!(full.code(), Code::ResourceExhausted);
-        assert!(full.message().contains("\"flooder\" has 1024 produce calls"));
+        assert!(
+            full.message()
+                .contains("\"flooder\" has 1024 produce calls")
+        );
         let hint = QUEUE_FULL_RETRY_AFTER.as_millis().to_string();
         assert_eq!(retry_after_ms(&full), Some(hint.as_str()));
     }

@@ -46,7 +46,11 @@ fn run(script: &str) {
                     .expect("settles are never refused");
             }
             ["gone", name] => lanes.retain(|operation| operation != name),
-            ["entry"] => printed.push(format!("entry: {}", lanes.next_entry().join(" ")).trim().to_owned()),
+            ["entry"] => printed.push(
+                format!("entry: {}", lanes.next_entry().join(" "))
+                    .trim()
+                    .to_owned(),
+            ),
             other => panic!("unknown command {other:?}"),
         }
     }

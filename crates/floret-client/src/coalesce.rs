@@ -1,0 +1,203 @@
+//! Folds concurrent produce calls bound for one node into `ProduceMany`
+//! requests, whatever their producers, so a thousand one-message calls in
+//! flight cost the node a few requests, not a thousand.
+//!
+//! Each node the client talks to has a [`Coalescer`]: a task that takes the
+//! calls waiting for it, up to [`ProduceCoalescing::max_produces`] or
+//! [`ProduceCoalescing::max_bytes`], and sends them as one request while it
+//! takes the next ones. Nothing lingers: a lone call leaves at once, as a
+//! plain `Produce`; calls that arrive while the task is busy go together.
+//! The server streams each produce's outcome back as soon as it is known,
+//! so a call never waits for another call's commit, and each caller gets
+//! its own answer and retries on its own (with its own idempotency
+//! sequence, if it has one).
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A request that fails in transport fails every call it carried with
+//!   that status; as for a plain `Produce`, only calls with an idempotency
+//!   sequence retry it safely.
+
+use std::sync::OnceLock;
+
+use floret_proto::v1::{self, floret_client::FloretClient, produce_outcome};
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot};
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::retry::RETRY_AFTER_MS;
+
+/// How many concurrent produce calls go into one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProduceCoalescing {
+    /// Most produce calls in one request.
+    pub max_produces: usize,
+    /// Bytes (encoded) after which a request is closed; one larger call still goes alone.
+    pub max_bytes: usize,
+}
+
+impl Default for ProduceCoalescing {
+    fn default() -> Self {
+        Self {
+            max_produces: 1_000,
+            max_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+type Answer = Result<v1::ProduceResponse, Status>;
+
+struct Call {
+    request: v1::ProduceRequest,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// The produce calls bound for one node, and the task that sends them.
+pub(crate) struct Coalescer {
+    node: FloretClient<Channel>,
+    limits: ProduceCoalescing,
+    /// Started by the first call, inside the caller's runtime.
+    calls: OnceLock<mpsc::UnboundedSender<Call>>,
+}
+
+impl Coalescer {
+    /// Calls to `node`, folded under `limits`.
+    pub(crate) fn new(node: FloretClient<Channel>, limits: ProduceCoalescing) -> Self {
+        Self {
+            node,
+            limits,
+            calls: OnceLock::new(),
+        }
+    }
+
+    /// Sends `request` with whichever calls are waiting, and waits for its own outcome.
+    pub(crate) async fn produce(&self, request: v1::ProduceRequest) -> Answer {
+        let calls = self.calls.get_or_init(|| {
+            let (calls, waiting) = mpsc::unbounded_channel();
+            tokio::spawn(fold_calls(self.node.clone(), self.limits, waiting));
+            calls
+        });
+        let (answer, answered) = oneshot::channel();
+        calls
+            .send(Call { request, answer })
+            .map_err(|_| Status::unavailable("the client's produce task has stopped"))?;
+        answered.await.map_err(|_| {
+            Status::unavailable("the client's produce task stopped before the answer came")
+        })?
+    }
+}
+
+async fn fold_calls(
+    node: FloretClient<Channel>,
+    limits: ProduceCoalescing,
+    mut waiting: mpsc::UnboundedReceiver<Call>,
+) {
+    while let Some(first) = waiting.recv().await {
+        let mut bytes = first.request.encoded_len();
+        let mut calls = vec![first];
+        while calls.len() < limits.max_produces && bytes < limits.max_bytes {
+            let Ok(next) = waiting.try_recv() else {
+                break;
+            };
+            bytes += next.request.encoded_len();
+            calls.push(next);
+        }
+        tokio::spawn(send(node.clone(), calls));
+    }
+}
+
+/// Sends `calls` (alone as a `Produce`, together as a `ProduceMany`) and
+/// hands each its outcome.
+async fn send(mut node: FloretClient<Channel>, mut calls: Vec<Call>) {
+    if calls.len() == 1 {
+        let Call { request, answer } = calls.remove(0);
+        let result = node.produce(request).await.map(tonic::Response::into_inner);
+        let _caller_gone = answer.send(result);
+        return;
+    }
+    let (requests, answers): (Vec<_>, Vec<_>) = calls
+        .into_iter()
+        .map(|call| (call.request, Some(call.answer)))
+        .unzip();
+    let mut answers = answers;
+    let request = v1::ProduceManyRequest { produces: requests };
+    let failure = match node.produce_many(request).await {
+        Ok(response) => hand_out(response.into_inner(), &mut answers).await,
+        Err(status) => status,
+    };
+    for answer in answers.into_iter().flatten() {
+        let _caller_gone = answer.send(Err(failure.clone()));
+    }
+}
+
+/// Hands out the outcomes streamed back; the status for the calls left
+/// without one when the stream ends.
+async fn hand_out(
+    mut outcomes: tonic::Streaming<v1::ProduceManyReply>,
+    answers: &mut [Option<oneshot::Sender<Answer>>],
+) -> Status {
+    loop {
+        match outcomes.message().await {
+            Ok(Some(reply)) => {
+                for outcome in reply.outcomes {
+                    let answer = answers
+                        .get_mut(outcome.index as usize)
+                        .and_then(Option::take);
+                    if let Some(answer) = answer {
+                        let _caller_gone = answer.send(result_of(outcome.result));
+                    }
+                }
+            }
+            Ok(None) => {
+                return Status::unavailable(
+                    "the node ended a ProduceMany answer without this produce's outcome; the outcome is unknown",
+                );
+            }
+            Err(status) => return status,
+        }
+    }
+}
+
+/// A produce's outcome as the `Produce` call's result would have been.
+fn result_of(result: Option<produce_outcome::Result>) -> Answer {
+    match result {
+        Some(produce_outcome::Result::Produced(response)) => Ok(response),
+        Some(produce_outcome::Result::Refused(refusal)) => {
+            let mut status = Status::new(Code::from_i32(refusal.code), refusal.message);
+            if refusal.retry_after_ms > 0 {
+                let millis = MetadataValue::from(refusal.retry_after_ms);
+                status.metadata_mut().insert(RETRY_AFTER_MS, millis);
+            }
+            Err(status)
+        }
+        None => Err(Status::unknown(
+            "the node answered a produce without an outcome",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_carries_its_code_and_retry_hint_like_a_produce_call() {
+        let refused = produce_outcome::Result::Refused(v1::Refusal {
+            code: Code::ResourceExhausted as i32,
+            message: "over its rate".into(),
+            retry_after_ms: 40,
+        });
+        let status = result_of(Some(refused)).expect_err("refused");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.message(), "over its rate");
+        let hint = status.metadata().get(RETRY_AFTER_MS).expect("hint");
+        assert_eq!(hint.to_str().expect("ascii"), "40");
+        assert!(crate::is_throttled(&status));
+    }
+
+    #[test]
+    fn an_outcome_without_a_result_is_not_taken_for_a_success() {
+        assert!(result_of(None).is_err());
+    }
+}
