@@ -5,8 +5,9 @@
 //! Each node the client talks to has a [`Coalescer`]: a task that takes the
 //! calls waiting for it, up to [`ProduceCoalescing::max_produces`] or
 //! [`ProduceCoalescing::max_bytes`], and sends them as one request while it
-//! takes the next ones. Nothing lingers: a lone call leaves at once, as a
-//! plain `Produce`; calls that arrive while the task is busy go together.
+//! takes the next ones. Nothing lingers on a timer: the task lets the
+//! callers that are ready run once, then a lone call leaves at once, as a
+//! plain `Produce`, and calls that arrived meanwhile go together.
 //! The server streams each produce's outcome back as soon as it is known,
 //! so a call never waits for another call's commit, and each caller gets
 //! its own answer and retries on its own (with its own idempotency
@@ -94,6 +95,9 @@ async fn fold_calls(
     mut waiting: mpsc::UnboundedReceiver<Call>,
 ) {
     while let Some(first) = waiting.recv().await {
+        // Callers woken together (by the answers of one raft entry) send
+        // their next calls together: let them queue before taking them.
+        tokio::task::yield_now().await;
         let mut bytes = first.request.encoded_len();
         let mut calls = vec![first];
         while calls.len() < limits.max_produces && bytes < limits.max_bytes {

@@ -20,6 +20,9 @@ pub(super) struct NoisyReport {
     flood_seconds: f64,
     flood_produce_rate: f64,
     consume_rate: f64,
+    /// Deliveries per second from the first delivery until the flood's
+    /// last produce was acknowledged: whether produce load starved dispatch.
+    consume_rate_during_flood: f64,
     produced: u64,
     delivered: u64,
     redeliveries: u64,
@@ -94,6 +97,11 @@ pub(super) fn analyse(
         flood_seconds,
         flood_produce_rate: flood_produced as f64 / flood_seconds.max(f64::EPSILON),
         consume_rate: first.len() as f64 / (end - start).as_secs_f64().max(f64::EPSILON),
+        consume_rate_during_flood: rate_until(
+            &first,
+            start,
+            Duration::from_secs_f64(flood_seconds),
+        ),
         produced,
         delivered: first.len() as u64,
         redeliveries: counters.redeliveries.load(Ordering::Relaxed),
@@ -109,6 +117,16 @@ pub(super) fn analyse(
         fairness: FairnessSummary::of(&windows),
         windows,
     }
+}
+
+/// Deliveries per second among `deliveries` between `start` and `until`.
+fn rate_until(deliveries: &[&Received], start: Duration, until: Duration) -> f64 {
+    let seconds = until.saturating_sub(start).as_secs_f64();
+    if seconds <= 0.0 {
+        return 0.0;
+    }
+    let delivered = deliveries.iter().filter(|r| r.at <= until).count();
+    delivered as f64 / seconds
 }
 
 pub(super) fn print_summary(report: &NoisyReport) {
@@ -132,10 +150,11 @@ pub(super) fn print_summary(report: &NoisyReport) {
         },
     );
     println!(
-        "consumed {} of {} produced at {:.0} msg/s ({} redeliveries, {} not delivered, {} failed produce calls)",
+        "consumed {} of {} produced at {:.0} msg/s, {:.0} msg/s while the flood lasted ({} redeliveries, {} not delivered, {} failed produce calls)",
         report.delivered,
         report.produced,
         report.consume_rate,
+        report.consume_rate_during_flood,
         report.redeliveries,
         report.not_delivered,
         report.failed_produce_calls
@@ -241,4 +260,38 @@ pub(super) fn charts(received: &[Received], seconds: usize) -> Vec<Chart> {
             series: latency_series,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered_at(ms: u64) -> Received {
+        Received {
+            producer: "quiet-0".into(),
+            attempt: 1,
+            at: Duration::from_millis(ms),
+            produced_at: None,
+            bytes: 1,
+        }
+    }
+
+    #[test]
+    fn deliveries_after_the_flood_do_not_count_toward_its_consume_rate() {
+        let received: Vec<_> = [500, 1_000, 1_500, 2_500, 9_000]
+            .into_iter()
+            .map(delivered_at)
+            .collect();
+        let first: Vec<&Received> = received.iter().collect();
+        let rate = rate_until(
+            &first,
+            Duration::from_millis(500),
+            Duration::from_millis(2_500),
+        );
+        assert!((rate - 2.0).abs() < 1e-9, "{rate}");
+        assert_eq!(
+            rate_until(&first, Duration::from_secs(3), Duration::from_secs(2)),
+            0.0
+        );
+    }
 }
