@@ -1,6 +1,8 @@
 //! Rust client for floret.
 //!
-//! [`Client::produce`] sends one batch; [`Producer`] adds an increasing
+//! [`Client::produce`] sends one batch (concurrent calls to the same node,
+//! of any producers, travel together in one `ProduceMany` request, each
+//! answered on its own: the `coalesce` module); [`Producer`] adds an increasing
 //! idempotency sequence to every batch so it can retry UNAVAILABLE answers
 //! (no leader, shutting down) with back-off and never store a batch twice.
 //! [`Client::consume`] opens a [`Consumer`] stream with credits and acks.

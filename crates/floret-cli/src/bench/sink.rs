@@ -9,6 +9,10 @@
 //! Arrival times are taken as the delivery is read off the stream, so the
 //! processing queue in the consumer does not count as latency.
 //!
+//! The consumers run on a runtime of their own, on one thread: a real sink
+//! is another process, and a flood's thousand producer tasks in this one
+//! would otherwise delay every delivery the consumers read and pace.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A consumer that cannot open its stream, or loses it, ends with a
 //!   warning; the run then reports fewer deliveries rather than reconnecting.
@@ -73,6 +77,8 @@ pub struct Counters {
 
 /// Running consumers; [`Sink::finish`] collects what they received.
 pub struct Sink {
+    /// The consumers' own runtime (shut down when the sink is finished or dropped).
+    runtime: Option<tokio::runtime::Runtime>,
     consumers: Vec<JoinHandle<Vec<Received>>>,
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
@@ -94,6 +100,12 @@ impl Sink {
         } else {
             Duration::ZERO
         };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-sink")
+            .enable_all()
+            .build()?;
+        let in_sink_runtime = runtime.enter();
         let mut consumers = Vec::with_capacity(spec.consumers);
         for index in 0..spec.consumers {
             let address = &spec.addresses[index % spec.addresses.len()];
@@ -112,7 +124,9 @@ impl Sink {
             };
             consumers.push(tokio::spawn(run.run()));
         }
+        drop(in_sink_runtime);
         Ok(Self {
+            runtime: Some(runtime),
             consumers,
             stop,
             counters,
@@ -122,10 +136,10 @@ impl Sink {
 
     /// Stops the consumers (if they have not reached the target) and returns
     /// every delivery they received.
-    pub async fn finish(self) -> anyhow::Result<Vec<Received>> {
+    pub async fn finish(mut self) -> anyhow::Result<Vec<Received>> {
         self.stop.send_replace(true);
         let mut received = Vec::new();
-        for consumer in self.consumers {
+        for consumer in std::mem::take(&mut self.consumers) {
             received.extend(consumer.await?);
         }
         Ok(received)
@@ -149,6 +163,14 @@ impl Sink {
         };
         let _ = tokio::time::timeout_at(deadline.into(), done).await;
         self.finish().await
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
