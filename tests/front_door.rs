@@ -142,7 +142,13 @@ async fn coalesced_produce_calls_get_each_others_answers() {
         );
     }
     assert_eq!(sequences.len(), 8);
-    assert!(sequences.values().all(|s| s.len() == 50), "{sequences:?}");
+    for (producer, given) in &sequences {
+        let (first, last) = (given.first().unwrap(), given.last().unwrap());
+        assert!(
+            given.len() == 50 && last - first == 49,
+            "{producer}'s calls were not given 50 consecutive sequences: {given:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

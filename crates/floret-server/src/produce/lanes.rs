@@ -10,6 +10,11 @@
 //! - Each producer's line is bounded, by calls and by bytes. A call past
 //!   the bound is refused at once ([`LaneFull`]): the flooding producer
 //!   waits for its own line to drain, no one else does.
+//! - A call may be folded into the operation waiting last in its line (the
+//!   caller says when two fold: `proposer.rs` folds plain produces of one
+//!   producer), up to an entry's bytes: a flood of one-message calls then
+//!   takes one operation of each entry, not dozens, and costs the state
+//!   machine one write of the producer's records per entry.
 //!
 //! This is pure bookkeeping: the shard's proposer (`proposer.rs`) owns one
 //! and moves operations through it.
@@ -60,9 +65,21 @@ pub struct LaneFull {
     pub bytes: usize,
 }
 
+/// An operation waiting in a producer's line.
+#[derive(Debug)]
+struct Waiting<T> {
+    operation: T,
+    /// Its bytes (folded calls' included).
+    bytes: usize,
+    /// The calls folded into it (at least one).
+    calls: usize,
+}
+
 #[derive(Debug)]
 struct Line<T> {
-    waiting: VecDeque<(T, usize)>,
+    waiting: VecDeque<Waiting<T>>,
+    /// Calls waiting, folded ones included.
+    calls: usize,
     bytes: usize,
 }
 
@@ -70,6 +87,7 @@ impl<T> Default for Line<T> {
     fn default() -> Self {
         Self {
             waiting: VecDeque::new(),
+            calls: 0,
             bytes: 0,
         }
     }
@@ -102,28 +120,54 @@ impl<T> EntryLanes<T> {
     }
 
     /// Queues `operation` of `bytes` in `lane`, or hands it back refused
-    /// when the producer's line is full. Settling operations are never refused.
-    pub fn push(&mut self, lane: Lane, operation: T, bytes: usize) -> Result<(), (T, LaneFull)> {
+    /// when the producer's line is full. Settling operations are never
+    /// refused. `fold` may fold it into the line's last waiting operation,
+    /// or hand it back when the two do not fold; it is only asked while
+    /// the two together stay within an entry's bytes.
+    pub fn push(
+        &mut self,
+        lane: Lane,
+        operation: T,
+        bytes: usize,
+        fold: impl FnOnce(&mut T, T) -> Option<T>,
+    ) -> Result<(), (T, LaneFull)> {
         if lane == Lane::Settle {
             self.settles.push_back((operation, bytes));
             return Ok(());
         }
         let limits = self.limits;
         let line = self.producers.entry(lane.clone()).or_default();
-        let calls = line.waiting.len();
-        let over_bytes = calls > 0 && line.bytes + bytes > limits.producer_bytes;
-        if calls >= limits.producer_calls || over_bytes {
+        let over_bytes = line.calls > 0 && line.bytes + bytes > limits.producer_bytes;
+        if line.calls >= limits.producer_calls || over_bytes {
             let full = LaneFull {
-                calls,
+                calls: line.calls,
                 bytes: line.bytes,
             };
             return Err((operation, full));
         }
-        if calls == 0 {
+        line.calls += 1;
+        line.bytes += bytes;
+        let operation = match line.waiting.back_mut() {
+            Some(last) if last.bytes + bytes <= limits.entry_bytes => {
+                match fold(&mut last.operation, operation) {
+                    None => {
+                        last.bytes += bytes;
+                        last.calls += 1;
+                        return Ok(());
+                    }
+                    Some(unfolded) => unfolded,
+                }
+            }
+            _ => operation,
+        };
+        if line.waiting.is_empty() {
             self.turns.push_back(lane);
         }
-        line.bytes += bytes;
-        line.waiting.push_back((operation, bytes));
+        line.waiting.push_back(Waiting {
+            operation,
+            bytes,
+            calls: 1,
+        });
         Ok(())
     }
 
@@ -151,13 +195,14 @@ impl<T> EntryLanes<T> {
                 .producers
                 .get_mut(&lane)
                 .expect("a producer takes turns only while its line has operations");
-            let (operation, size) = line
+            let waiting = line
                 .waiting
                 .pop_front()
                 .expect("a producer takes turns only while its line has operations");
-            line.bytes -= size;
-            bytes += size;
-            entry.push(operation);
+            line.bytes -= waiting.bytes;
+            line.calls -= waiting.calls;
+            bytes += waiting.bytes;
+            entry.push(waiting.operation);
             if line.waiting.is_empty() {
                 self.producers.remove(&lane);
             } else {
@@ -167,12 +212,13 @@ impl<T> EntryLanes<T> {
         entry
     }
 
-    /// Drops every waiting operation `keep` refuses (a caller that gave up).
+    /// Drops every waiting operation `keep` refuses (one whose callers all gave up).
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         self.settles.retain(|(operation, _)| keep(operation));
         for line in self.producers.values_mut() {
-            line.waiting.retain(|(operation, _)| keep(operation));
-            line.bytes = line.waiting.iter().map(|(_, size)| size).sum();
+            line.waiting.retain(|waiting| keep(&waiting.operation));
+            line.bytes = line.waiting.iter().map(|waiting| waiting.bytes).sum();
+            line.calls = line.waiting.iter().map(|waiting| waiting.calls).sum();
         }
         self.producers.retain(|_, line| !line.waiting.is_empty());
         let producers = &self.producers;

@@ -11,8 +11,10 @@
 //! entry takes settles first, then the producers in turn, so a flood of
 //! calls from one producer does not delay another's produce by more than an
 //! entry, and a producer past its bound of waiting calls is refused
-//! ([`ProposeError::ProducerQueueFull`]). An operation whose caller went
-//! away before its entry was composed is not proposed.
+//! ([`ProposeError::ProducerQueueFull`]). An operation whose callers all
+//! went away before its entry was composed is not proposed. Plain produces
+//! (no idempotency sequence) of one producer waiting in its line are
+//! folded into one operation, each caller answered with its own sequences.
 //!
 //! While the node hands a shard's leadership back to its preferred replica,
 //! the shard's proposer is paused: new operations fail at once with
@@ -22,6 +24,10 @@
 //! IMPLEMENTATION CAVEATS
 //! - A lost leadership fails every op of the entry with NotLeader; the client
 //!   retries with its idempotency sequence.
+//! - Folded produces share the first call's commit time (`enqueued_at_ms`)
+//!   and the producer's limits are checked on the folded operation: near
+//!   its `max_messages`, every folded call is refused where some alone
+//!   would have fitted (each is told to retry).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -75,10 +81,14 @@ pub enum ProposeError {
     },
 }
 
+type Reply = oneshot::Sender<Result<OpReply, ProposeError>>;
+
 struct Proposal {
     op: Op,
     bytes: usize,
-    reply: oneshot::Sender<Result<OpReply, ProposeError>>,
+    /// Who waits for the outcome: the caller, or the callers whose plain
+    /// produces were folded into `op`, in order, each with its message count.
+    callers: Vec<(Reply, u64)>,
 }
 
 /// Handle to one shard's proposer task.
@@ -142,8 +152,13 @@ impl ShardProposer {
         let (reply, replied) = oneshot::channel();
         let bytes = op_bytes(&op);
         let lane = lane_of(&op);
+        let messages = match &op {
+            Op::Enqueue(enqueue) => enqueue.messages.len() as u64,
+            _ => 0,
+        };
+        let callers = vec![(reply, messages)];
         self.proposals
-            .send((lane, Proposal { op, bytes, reply }))
+            .send((lane, Proposal { op, bytes, callers }))
             .map_err(|_| self.stopped())?;
         replied.await.map_err(|_| self.stopped())?
     }
@@ -216,7 +231,7 @@ async fn run(
         while let Ok(next) = pending.try_recv() {
             queue(shard, &mut lanes, next);
         }
-        lanes.retain(|proposal| !proposal.reply.is_closed());
+        lanes.retain(|proposal| proposal.callers.iter().any(|(reply, _)| !reply.is_closed()));
         let entry = lanes.next_entry();
         if entry.is_empty() {
             continue;
@@ -233,14 +248,70 @@ fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (La
         Lane::Settle => String::new(),
     };
     let bytes = proposal.bytes;
-    if let Err((refused, LaneFull { calls, bytes })) = lanes.push(lane, proposal, bytes) {
+    if let Err((refused, LaneFull { calls, bytes })) = lanes.push(lane, proposal, bytes, fold) {
         metrics::counter!("floret_produce_queue_full_total").increment(1);
-        let _caller_gone = refused.reply.send(Err(ProposeError::ProducerQueueFull {
+        let error = ProposeError::ProducerQueueFull {
             shard,
             producer,
             calls,
             bytes,
-        }));
+        };
+        for (reply, _) in refused.callers {
+            let _caller_gone = reply.send(Err(error.clone()));
+        }
+    }
+}
+
+/// Folds `next` into `waiting` when both are plain produces (no
+/// idempotency sequence, no delay) of the producer whose line they wait in:
+/// one operation, whose sequences are handed out to the callers in order.
+/// An idempotent produce is never folded: its sequence is checked alone.
+/// Hands `next` back when it does not fold.
+fn fold(waiting: &mut Proposal, next: Proposal) -> Option<Proposal> {
+    let Op::Enqueue(into) = &mut waiting.op else {
+        return Some(next);
+    };
+    match next.op {
+        Op::Enqueue(from)
+            if into.producer_sequence.is_none() && from.producer_sequence.is_none() =>
+        {
+            debug_assert!(into.queue == from.queue && into.producer == from.producer);
+            into.messages.extend(from.messages);
+            waiting.callers.extend(next.callers);
+            None
+        }
+        op => Some(Proposal { op, ..next }),
+    }
+}
+
+/// Hands `result` to the callers of one operation: each folded caller
+/// gets its own messages' sequences.
+fn answer(mut callers: Vec<(Reply, u64)>, result: OpReply) {
+    if callers.len() == 1 {
+        let (reply, _) = callers.remove(0);
+        let _caller_gone = reply.send(Ok(result));
+        return;
+    }
+    let OpReply::Enqueued {
+        first_sequence,
+        duplicate,
+        ..
+    } = result
+    else {
+        for (reply, _) in callers {
+            let _caller_gone = reply.send(Ok(result.clone()));
+        }
+        return;
+    };
+    let mut next_sequence = first_sequence;
+    for (reply, count) in callers {
+        let own = OpReply::Enqueued {
+            first_sequence: next_sequence,
+            count,
+            duplicate,
+        };
+        next_sequence += count;
+        let _caller_gone = reply.send(Ok(own));
     }
 }
 
@@ -252,7 +323,12 @@ async fn commit(
     commit_timeout: Duration,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let (ops, replies): (Vec<_>, Vec<_>) = entry.into_iter().map(|p| (p.op, p.reply)).unzip();
+    let (ops, callers): (Vec<_>, Vec<_>) = entry.into_iter().map(|p| (p.op, p.callers)).unzip();
+    let fail_all = |callers: Vec<Vec<(Reply, u64)>>, error: ProposeError| {
+        for (reply, _) in callers.into_iter().flatten() {
+            let _caller_gone = reply.send(Err(error.clone()));
+        }
+    };
     let outcome = tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
     drop(slot);
     match outcome {
@@ -263,22 +339,15 @@ async fn commit(
                     "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
                 ),
             };
-            for reply in replies {
-                let _caller_gone = reply.send(Err(error.clone()));
-            }
+            fail_all(callers, error);
         }
         Ok(Ok(response)) => {
             floret_store::failpoints::crash_if_fires("proposer-before-reply");
-            for (reply, result) in replies.into_iter().zip(response.data.replies) {
-                let _caller_gone = reply.send(Ok(result));
+            for (callers, result) in callers.into_iter().zip(response.data.replies) {
+                answer(callers, result);
             }
         }
-        Ok(Err(error)) => {
-            let error = propose_error(shard, error);
-            for reply in replies {
-                let _caller_gone = reply.send(Err(error.clone()));
-            }
-        }
+        Ok(Err(error)) => fail_all(callers, propose_error(shard, error)),
     }
 }
 

@@ -2,7 +2,8 @@
 //! followed by the lines it must print (`> ...`):
 //!
 //! - `push PRODUCER NAME BYTES` queues an operation in the producer's line
-//!   (prints nothing, or `refused NAME: C calls, B bytes waiting`);
+//!   (prints nothing, or `refused NAME: C calls, B bytes waiting`); a NAME
+//!   starting with `+` folds into the line's last operation when it may;
 //! - `settle NAME BYTES` queues a settling operation;
 //! - `gone NAME` marks an operation's caller as gone and drops it;
 //! - `entry` composes the next entry and prints its operations.
@@ -13,7 +14,7 @@ const LIMITS: LaneLimits = LaneLimits {
     entry_ops: 4,
     entry_bytes: 100,
     producer_calls: 3,
-    producer_bytes: 50,
+    producer_bytes: 150,
 };
 
 fn run(script: &str) {
@@ -33,7 +34,15 @@ fn run(script: &str) {
                     queue: "q".into(),
                     producer: (*producer).to_owned(),
                 };
-                if let Err((_, full)) = lanes.push(lane, (*name).to_owned(), size(bytes)) {
+                let fold = |last: &mut String, next: String| {
+                    if next.starts_with('+') {
+                        last.push_str(&next);
+                        None
+                    } else {
+                        Some(next)
+                    }
+                };
+                if let Err((_, full)) = lanes.push(lane, (*name).to_owned(), size(bytes), fold) {
                     printed.push(format!(
                         "refused {name}: {} calls, {} bytes waiting",
                         full.calls, full.bytes
@@ -42,7 +51,9 @@ fn run(script: &str) {
             }
             ["settle", name, bytes] => {
                 lanes
-                    .push(Lane::Settle, (*name).to_owned(), size(bytes))
+                    .push(Lane::Settle, (*name).to_owned(), size(bytes), |_, next| {
+                        Some(next)
+                    })
                     .expect("settles are never refused");
             }
             ["gone", name] => lanes.retain(|operation| operation != name),
@@ -122,13 +133,14 @@ fn a_flooding_producer_is_refused_past_its_calls_and_others_are_not() {
 fn a_producer_is_refused_past_its_bytes_but_one_large_call_still_goes_alone() {
     run("
         push big b1 80
-        push big b2 1
+        push big b2 80
         > refused b2: 1 calls, 80 bytes waiting
+        push huge h1 400
         push small s1 30
-        push small s2 30
-        > refused s2: 1 calls, 30 bytes waiting
         entry
-        > entry: b1 s1
+        > entry: b1 h1
+        entry
+        > entry: s1
     ");
 }
 
@@ -158,5 +170,34 @@ fn a_call_whose_caller_is_gone_is_not_proposed_and_frees_its_place() {
         gone q1
         entry
         > entry: f1 f3 f4
+    ");
+}
+
+#[test]
+fn folded_calls_take_one_place_in_the_entry_and_still_count_against_the_bound() {
+    run("
+        push flood f1 10
+        push flood +f2 10
+        push flood +f3 10
+        push flood +f4 10
+        > refused +f4: 3 calls, 30 bytes waiting
+        push quiet q1 10
+        entry
+        > entry: f1+f2+f3 q1
+        push flood f5 10
+        push flood +f6 10
+        entry
+        > entry: f5+f6
+    ");
+}
+
+#[test]
+fn calls_fold_only_up_to_an_entrys_bytes() {
+    run("
+        push big b1 60
+        push big +b2 30
+        push big +b3 30
+        entry
+        > entry: b1+b2 +b3
     ");
 }
