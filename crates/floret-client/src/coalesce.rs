@@ -13,12 +13,19 @@
 //! its own answer and retries on its own (with its own idempotency
 //! sequence, if it has one).
 //!
+//! A node that does not know `ProduceMany` (an older version, during a
+//! rolling upgrade) answers the first one UNIMPLEMENTED: its calls are sent
+//! again one by one, and from then on every call to that node goes alone.
+//! Until a node has taken one `ProduceMany`, the calls of each request are
+//! kept (cloned) for that case.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A request that fails in transport fails every call it carried with
 //!   that status; as for a plain `Produce`, only calls with an idempotency
 //!   sequence retry it safely.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use floret_proto::v1::{self, floret_client::FloretClient, produce_outcome};
 use prost::Message as _;
@@ -54,9 +61,23 @@ struct Call {
     answer: oneshot::Sender<Answer>,
 }
 
+/// Whether a node takes `ProduceMany`: not known yet.
+const MANY_UNKNOWN: u8 = 0;
+/// It answered one.
+const MANY_TAKEN: u8 = 1;
+/// It answered UNIMPLEMENTED: every call goes alone.
+const MANY_UNIMPLEMENTED: u8 = 2;
+
+/// The node a coalescer sends to, and whether it takes `ProduceMany`.
+#[derive(Clone)]
+struct Target {
+    node: FloretClient<Channel>,
+    takes_many: Arc<AtomicU8>,
+}
+
 /// The produce calls bound for one node, and the task that sends them.
 pub(crate) struct Coalescer {
-    node: FloretClient<Channel>,
+    target: Target,
     limits: ProduceCoalescing,
     /// Started by the first call, inside the caller's runtime.
     calls: OnceLock<mpsc::UnboundedSender<Call>>,
@@ -66,7 +87,10 @@ impl Coalescer {
     /// Calls to `node`, folded under `limits`.
     pub(crate) fn new(node: FloretClient<Channel>, limits: ProduceCoalescing) -> Self {
         Self {
-            node,
+            target: Target {
+                node,
+                takes_many: Arc::new(AtomicU8::new(MANY_UNKNOWN)),
+            },
             limits,
             calls: OnceLock::new(),
         }
@@ -76,7 +100,7 @@ impl Coalescer {
     pub(crate) async fn produce(&self, request: v1::ProduceRequest) -> Answer {
         let calls = self.calls.get_or_init(|| {
             let (calls, waiting) = mpsc::unbounded_channel();
-            tokio::spawn(fold_calls(self.node.clone(), self.limits, waiting));
+            tokio::spawn(fold_calls(self.target.clone(), self.limits, waiting));
             calls
         });
         let (answer, answered) = oneshot::channel();
@@ -90,7 +114,7 @@ impl Coalescer {
 }
 
 async fn fold_calls(
-    node: FloretClient<Channel>,
+    target: Target,
     limits: ProduceCoalescing,
     mut waiting: mpsc::UnboundedReceiver<Call>,
 ) {
@@ -100,39 +124,66 @@ async fn fold_calls(
         tokio::task::yield_now().await;
         let mut bytes = first.request.encoded_len();
         let mut calls = vec![first];
-        while calls.len() < limits.max_produces && bytes < limits.max_bytes {
+        let alone = target.takes_many.load(Ordering::Relaxed) == MANY_UNIMPLEMENTED;
+        while !alone && calls.len() < limits.max_produces && bytes < limits.max_bytes {
             let Ok(next) = waiting.try_recv() else {
                 break;
             };
             bytes += next.request.encoded_len();
             calls.push(next);
         }
-        tokio::spawn(send(node.clone(), calls));
+        tokio::spawn(send(target.clone(), calls));
     }
 }
 
 /// Sends `calls` (alone as a `Produce`, together as a `ProduceMany`) and
 /// hands each its outcome.
-async fn send(mut node: FloretClient<Channel>, mut calls: Vec<Call>) {
+async fn send(target: Target, mut calls: Vec<Call>) {
     if calls.len() == 1 {
-        let Call { request, answer } = calls.remove(0);
-        let result = node.produce(request).await.map(tonic::Response::into_inner);
-        let _caller_gone = answer.send(result);
+        send_alone(target.node, calls.remove(0)).await;
         return;
     }
+    let mut node = target.node.clone();
     let (requests, answers): (Vec<_>, Vec<_>) = calls
         .into_iter()
         .map(|call| (call.request, Some(call.answer)))
         .unzip();
     let mut answers = answers;
+    let kept =
+        (target.takes_many.load(Ordering::Relaxed) == MANY_UNKNOWN).then(|| requests.clone());
     let request = v1::ProduceManyRequest { produces: requests };
     let failure = match node.produce_many(request).await {
-        Ok(response) => hand_out(response.into_inner(), &mut answers).await,
+        Ok(response) => {
+            target.takes_many.store(MANY_TAKEN, Ordering::Relaxed);
+            hand_out(response.into_inner(), &mut answers).await
+        }
+        Err(status) if status.code() == Code::Unimplemented => match kept {
+            Some(requests) => {
+                tracing::info!(
+                    "this node does not take ProduceMany; sending produce calls to it one by one"
+                );
+                target
+                    .takes_many
+                    .store(MANY_UNIMPLEMENTED, Ordering::Relaxed);
+                for (request, answer) in requests.into_iter().zip(answers.into_iter().flatten()) {
+                    let call = Call { request, answer };
+                    tokio::spawn(send_alone(target.node.clone(), call));
+                }
+                return;
+            }
+            None => status,
+        },
         Err(status) => status,
     };
     for answer in answers.into_iter().flatten() {
         let _caller_gone = answer.send(Err(failure.clone()));
     }
+}
+
+/// Sends one call as a plain `Produce`.
+async fn send_alone(mut node: FloretClient<Channel>, Call { request, answer }: Call) {
+    let result = node.produce(request).await.map(tonic::Response::into_inner);
+    let _caller_gone = answer.send(result);
 }
 
 /// Hands out the outcomes streamed back; the status for the calls left

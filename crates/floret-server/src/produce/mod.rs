@@ -21,8 +21,11 @@
 //! - A forwarded produce costs one more network round trip. Its answer
 //!   names the leader (`leader_address`), so a client given that node's
 //!   address sends the producer's next produces there directly.
-//! - Every call still costs its own gRPC request and task up to the
-//!   proposer, so a flood of one-message calls takes CPU from everyone.
+//! - A plain `Produce` call still costs its own gRPC request and task up to
+//!   the proposer; the Rust client folds concurrent calls into
+//!   `ProduceMany`, other clients do not.
+//! - A `ProduceMany` reaching a node that does not lead some of its
+//!   produces' shards forwards each of those as its own `Produce`.
 
 pub mod admission;
 pub mod backpressure;
