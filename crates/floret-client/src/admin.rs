@@ -1,0 +1,151 @@
+//! The `floret.v1.Admin` calls of [`Client`]: cluster status, queue
+//! statistics, replica digests, policies and dead letters.
+
+use floret_proto::v1;
+
+use crate::{
+    Client, ClientError, ClusterStatusResponse, DeadLetter, GetPolicyResponse, Policy,
+    QueueStatsResponse,
+};
+
+impl Client {
+    /// Nodes, shards and leaders.
+    pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .cluster_status(v1::ClusterStatusRequest { local_only: false })
+            .await?
+            .into_inner())
+    }
+
+    /// Per-queue and per-producer statistics of the whole cluster (`queue`
+    /// empty = all queues).
+    pub async fn queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
+        self.stats(queue, false).await
+    }
+
+    /// The same from the answering node's own shard replicas and dispatcher
+    /// only (to check what one replica holds).
+    pub async fn node_queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
+        self.stats(queue, true).await
+    }
+
+    /// The answering node's shard replicas: applied index and state digest of each.
+    pub async fn replica_digests(&self) -> Result<Vec<v1::ReplicaDigest>, ClientError> {
+        Ok(self
+            .admin
+            .clone()
+            .replica_digests(v1::ReplicaDigestsRequest {})
+            .await?
+            .into_inner()
+            .replicas)
+    }
+
+    /// Sets `queue`'s defaults (`producer_id` empty) or one producer's
+    /// override: only the fields set in `policy`, or all of them with
+    /// `replace`. Returns the policy as stored.
+    pub async fn set_policy(
+        &self,
+        queue: &str,
+        producer_id: &str,
+        policy: Policy,
+        replace: bool,
+    ) -> Result<Policy, ClientError> {
+        let request = v1::SetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+            policy: Some(policy),
+            replace,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .set_policy(request)
+            .await?
+            .into_inner()
+            .stored
+            .unwrap_or_default())
+    }
+
+    /// `queue`'s defaults, a producer's override and what is in force for it.
+    pub async fn get_policy(
+        &self,
+        queue: &str,
+        producer_id: &str,
+    ) -> Result<GetPolicyResponse, ClientError> {
+        let request = v1::GetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: producer_id.to_owned(),
+        };
+        Ok(self.admin.clone().get_policy(request).await?.into_inner())
+    }
+
+    /// Up to `limit` of `queue`'s dead letters, oldest first.
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, ClientError> {
+        let request = v1::ListDeadLettersRequest {
+            queue: queue.to_owned(),
+            limit,
+            local_only: false,
+        };
+        Ok(self
+            .admin
+            .clone()
+            .list_dead_letters(request)
+            .await?
+            .into_inner()
+            .dead_letters)
+    }
+
+    /// Puts dead letters back at the end of their producers' queues; returns how many.
+    pub async fn replay_dead_letters(
+        &self,
+        queue: &str,
+        ids: Vec<String>,
+    ) -> Result<u64, ClientError> {
+        let mut admin = self.admin.clone();
+        Ok(admin
+            .replay_dead_letters(dead_letter_ids(queue, ids))
+            .await?
+            .into_inner()
+            .count)
+    }
+
+    /// Deletes dead letters; returns how many existed.
+    pub async fn delete_dead_letters(
+        &self,
+        queue: &str,
+        ids: Vec<String>,
+    ) -> Result<u64, ClientError> {
+        let mut admin = self.admin.clone();
+        Ok(admin
+            .delete_dead_letters(dead_letter_ids(queue, ids))
+            .await?
+            .into_inner()
+            .count)
+    }
+
+    async fn stats(
+        &self,
+        queue: &str,
+        local_only: bool,
+    ) -> Result<QueueStatsResponse, ClientError> {
+        let request = v1::QueueStatsRequest {
+            queue: queue.to_owned(),
+            local_only,
+        };
+        Ok(self.admin.clone().queue_stats(request).await?.into_inner())
+    }
+}
+
+/// Dead letters of `queue` named by their listed ids.
+fn dead_letter_ids(queue: &str, ids: Vec<String>) -> v1::DeadLetterIds {
+    v1::DeadLetterIds {
+        queue: queue.to_owned(),
+        ids,
+    }
+}
