@@ -78,15 +78,29 @@ struct Waiting<T> {
 #[derive(Debug)]
 struct Line<T> {
     waiting: VecDeque<Waiting<T>>,
+    /// Whether the line is in `turns` (it may be, emptied of abandoned
+    /// operations, until its turn comes).
+    takes_turns: bool,
     /// Calls waiting, folded ones included.
     calls: usize,
     bytes: usize,
+}
+
+impl<T> Line<T> {
+    /// Drops the operations no one waits for any more, freeing their place.
+    fn drop_abandoned(&mut self, abandoned: fn(&T) -> bool) {
+        self.waiting
+            .retain(|waiting| !abandoned(&waiting.operation));
+        self.bytes = self.waiting.iter().map(|waiting| waiting.bytes).sum();
+        self.calls = self.waiting.iter().map(|waiting| waiting.calls).sum();
+    }
 }
 
 impl<T> Default for Line<T> {
     fn default() -> Self {
         Self {
             waiting: VecDeque::new(),
+            takes_turns: false,
             calls: 0,
             bytes: 0,
         }
@@ -97,6 +111,9 @@ impl<T> Default for Line<T> {
 #[derive(Debug)]
 pub struct EntryLanes<T> {
     limits: LaneLimits,
+    /// Whether an operation's callers have all gone away: it is dropped
+    /// instead of proposed, and frees its place in a full line.
+    abandoned: fn(&T) -> bool,
     settles: VecDeque<(T, usize)>,
     producers: HashMap<Lane, Line<T>>,
     /// Producers with operations waiting, in the order they take turns.
@@ -104,10 +121,11 @@ pub struct EntryLanes<T> {
 }
 
 impl<T> EntryLanes<T> {
-    /// Empty lines under `limits`.
-    pub fn new(limits: LaneLimits) -> Self {
+    /// Empty lines under `limits`; `abandoned` says which operations no one waits for.
+    pub fn new(limits: LaneLimits, abandoned: fn(&T) -> bool) -> Self {
         Self {
             limits,
+            abandoned,
             settles: VecDeque::new(),
             producers: HashMap::new(),
             turns: VecDeque::new(),
@@ -137,8 +155,14 @@ impl<T> EntryLanes<T> {
         }
         let limits = self.limits;
         let line = self.producers.entry(lane.clone()).or_default();
-        let over_bytes = line.calls > 0 && line.bytes + bytes > limits.producer_bytes;
-        if line.calls >= limits.producer_calls || over_bytes {
+        let full = |line: &Line<T>| {
+            let over_bytes = line.calls > 0 && line.bytes + bytes > limits.producer_bytes;
+            line.calls >= limits.producer_calls || over_bytes
+        };
+        if full(line) {
+            line.drop_abandoned(self.abandoned);
+        }
+        if full(line) {
             let full = LaneFull {
                 calls: line.calls,
                 bytes: line.bytes,
@@ -160,7 +184,8 @@ impl<T> EntryLanes<T> {
             }
             _ => operation,
         };
-        if line.waiting.is_empty() {
+        if !line.takes_turns {
+            line.takes_turns = true;
             self.turns.push_back(lane);
         }
         line.waiting.push_back(Waiting {
@@ -184,25 +209,28 @@ impl<T> EntryLanes<T> {
             let Some((operation, size)) = self.settles.pop_front() else {
                 break;
             };
-            bytes += size;
-            entry.push(operation);
+            if !(self.abandoned)(&operation) {
+                bytes += size;
+                entry.push(operation);
+            }
         }
         while !full(&entry, bytes) {
             let Some(lane) = self.turns.pop_front() else {
                 break;
             };
-            let line = self
-                .producers
-                .get_mut(&lane)
-                .expect("a producer takes turns only while its line has operations");
-            let waiting = line
-                .waiting
-                .pop_front()
-                .expect("a producer takes turns only while its line has operations");
+            let Some(line) = self.producers.get_mut(&lane) else {
+                continue;
+            };
+            let Some(waiting) = line.waiting.pop_front() else {
+                self.producers.remove(&lane);
+                continue;
+            };
             line.bytes -= waiting.bytes;
             line.calls -= waiting.calls;
-            bytes += waiting.bytes;
-            entry.push(waiting.operation);
+            if !(self.abandoned)(&waiting.operation) {
+                bytes += waiting.bytes;
+                entry.push(waiting.operation);
+            }
             if line.waiting.is_empty() {
                 self.producers.remove(&lane);
             } else {
@@ -210,19 +238,6 @@ impl<T> EntryLanes<T> {
             }
         }
         entry
-    }
-
-    /// Drops every waiting operation `keep` refuses (one whose callers all gave up).
-    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        self.settles.retain(|(operation, _)| keep(operation));
-        for line in self.producers.values_mut() {
-            line.waiting.retain(|waiting| keep(&waiting.operation));
-            line.bytes = line.waiting.iter().map(|waiting| waiting.bytes).sum();
-            line.calls = line.waiting.iter().map(|waiting| waiting.calls).sum();
-        }
-        self.producers.retain(|_, line| !line.waiting.is_empty());
-        let producers = &self.producers;
-        self.turns.retain(|lane| producers.contains_key(lane));
     }
 }
 

@@ -212,12 +212,13 @@ async fn run(
 ) {
     let slots = Arc::new(Semaphore::new(batching.proposals_in_flight));
     let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
-    let mut lanes = EntryLanes::new(LaneLimits {
+    let limits = LaneLimits {
         entry_ops: batching.max_entry_ops,
         entry_bytes: batching.max_entry_bytes,
         producer_calls: batching.max_queued_calls_per_producer,
         producer_bytes: batching.max_queued_bytes_per_producer,
-    });
+    };
+    let mut lanes = EntryLanes::new(limits, abandoned);
     loop {
         if lanes.is_empty() {
             let Some(first) = pending.recv().await else {
@@ -231,7 +232,6 @@ async fn run(
         while let Ok(next) = pending.try_recv() {
             queue(shard, &mut lanes, next);
         }
-        lanes.retain(|proposal| proposal.callers.iter().any(|(reply, _)| !reply.is_closed()));
         let entry = lanes.next_entry();
         if entry.is_empty() {
             continue;
@@ -243,13 +243,15 @@ async fn run(
 
 /// Puts `proposal` in its line, or refuses it when its producer's line is full.
 fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (Lane, Proposal)) {
-    let producer = match &lane {
-        Lane::Producer { producer, .. } => producer.clone(),
-        Lane::Settle => String::new(),
-    };
     let bytes = proposal.bytes;
     if let Err((refused, LaneFull { calls, bytes })) = lanes.push(lane, proposal, bytes, fold) {
         metrics::counter!("floret_produce_queue_full_total").increment(1);
+        let producer = match &refused.op {
+            Op::Enqueue(enqueue) | Op::EnqueueDelayed(DelayedEnqueue { enqueue, .. }) => {
+                enqueue.producer.clone()
+            }
+            _ => String::new(),
+        };
         let error = ProposeError::ProducerQueueFull {
             shard,
             producer,
@@ -260,6 +262,11 @@ fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (La
             let _caller_gone = reply.send(Err(error.clone()));
         }
     }
+}
+
+/// Whether every caller of `proposal` has gone away.
+fn abandoned(proposal: &Proposal) -> bool {
+    proposal.callers.iter().all(|(reply, _)| reply.is_closed())
 }
 
 /// Folds `next` into `waiting` when both are plain produces (no
