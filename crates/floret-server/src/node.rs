@@ -99,7 +99,13 @@ impl Node {
     pub async fn start(config: Config, listener: TcpListener) -> Result<Self, NodeError> {
         config.validate()?;
         let address = listener.local_addr().map_err(NodeError::Listener)?;
-        let database = Database::open_with_cache(&config.data_dir, config.storage.cache_bytes)?;
+        let database = Database::open_with(
+            &config.data_dir,
+            floret_store::StoreOptions {
+                cache_bytes: config.storage.cache_bytes,
+                log_segment_bytes: config.storage.log_segment_bytes,
+            },
+        )?;
         let peers = Arc::new(Peers::new(config.node_id, config.members(address))?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use floret_store::{Command, Database, Enqueue, NewMessage, Op, TypeConfig};
+use floret_store::{Command, Database, Enqueue, NewMessage, Op, StoreOptions, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
@@ -38,7 +38,11 @@ fn main() {
     let messages = argument(2, 100) as usize;
     let cache_mib = argument(3, 64);
     let dir = tempfile::tempdir().expect("temp dir");
-    let database = Database::open_with_cache(dir.path(), cache_mib << 20).expect("data dir");
+    let options = StoreOptions {
+        cache_bytes: cache_mib << 20,
+        ..StoreOptions::default()
+    };
+    let database = Database::open_with(dir.path(), options).expect("data dir");
     let mut state_machine = database.state_machine(0, None).expect("state machine");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

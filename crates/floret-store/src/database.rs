@@ -4,6 +4,7 @@
 //! else, and clear errors when the dir is foreign, damaged or already in use
 //! by another node.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,12 +16,13 @@ use crate::flusher::Flusher;
 use crate::log_store::LogStore;
 use crate::state_machine::{AppliedListener, StateMachine};
 use crate::types::ShardId;
-use crate::wal::Wal;
+use crate::wal::{SegmentRuns, Wal};
+use crate::{keys, records};
 
 /// Name of the marker file written into every floret data dir.
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// sled's page cache: large enough for the hot tail of every backlog, small
 /// enough that the backlog itself stays on disk (sled's own default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
@@ -101,15 +103,34 @@ pub struct Database {
     created: bool,
 }
 
+/// How a data dir is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// sled keeps at most this many bytes of pages in memory.
+    pub cache_bytes: u64,
+    /// The raft log starts a new segment past this size. Smaller segments
+    /// are freed sooner once their entries are purged and their messages
+    /// gone, at the cost of more files.
+    pub log_segment_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            log_segment_bytes: crate::wal::SEGMENT_BYTES,
+        }
+    }
+}
+
 impl Database {
-    /// Opens `dir` with the default page cache.
+    /// Opens `dir` with the default options.
     pub fn open(dir: &Path) -> Result<Self, OpenError> {
-        Self::open_with_cache(dir, DEFAULT_CACHE_BYTES)
+        Self::open_with(dir, StoreOptions::default())
     }
 
-    /// Opens `dir`, creating a new floret data dir if it is missing or empty;
-    /// sled keeps at most `cache_bytes` of pages in memory.
-    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Self, OpenError> {
+    /// Opens `dir`, creating a new floret data dir if it is missing or empty.
+    pub fn open_with(dir: &Path, options: StoreOptions) -> Result<Self, OpenError> {
         let io_error = |source| OpenError::Io {
             path: dir.to_path_buf(),
             source,
@@ -120,7 +141,7 @@ impl Database {
         let power_lost = crate::failpoints::emulate_power_loss(&dir.join("raft-log"), &sled_dir)
             .map_err(io_error)?;
         let db = sled::Config::new()
-            .cache_capacity(cache_bytes)
+            .cache_capacity(options.cache_bytes)
             .path(&sled_dir)
             .open()
             .map_err(|error| match error {
@@ -135,9 +156,13 @@ impl Database {
                 sled::Error::Io(source) => io_error(source),
                 other => io_error(io::Error::other(other)),
             })?;
+        let wal = Arc::new(
+            Wal::open_with_segment_bytes(&dir.join("raft-log"), options.log_segment_bytes)
+                .map_err(io_error)?,
+        );
+        wal.load_pins(load_pins(&db).map_err(io_error)?);
         let state_machines =
-            StateMachineDurability::new(db.clone(), &sled_dir).map_err(io_error)?;
-        let wal = Arc::new(Wal::open(&dir.join("raft-log")).map_err(io_error)?);
+            StateMachineDurability::new(db.clone(), &sled_dir, wal.clone()).map_err(io_error)?;
         #[cfg(feature = "failpoints")]
         if power_lost {
             crate::failpoints::check_power_loss_sound(wal.has_purged()).map_err(io_error)?;
@@ -167,6 +192,12 @@ impl Database {
         self.wal.cut_at_open()
     }
 
+    /// The node's raft log, for tests that write entries to it directly.
+    #[cfg(test)]
+    pub(crate) fn wal(&self) -> &Arc<Wal> {
+        &self.wal
+    }
+
     /// Log storage of one shard.
     pub fn log_store(&self, shard: ShardId) -> LogStore {
         LogStore::new(
@@ -183,7 +214,13 @@ impl Database {
         shard: ShardId,
         events: Option<AppliedListener>,
     ) -> Result<StateMachine, sled::Error> {
-        StateMachine::open(&self.db, shard, &self.dir.join("snapshots"), events)
+        StateMachine::open(
+            &self.db,
+            self.wal.clone(),
+            shard,
+            &self.dir.join("snapshots"),
+            events,
+        )
     }
 
     /// Waits until everything written so far, log and state machines, is durable.
@@ -283,6 +320,28 @@ impl Database {
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
     }
+}
+
+/// How many runs of each shard's state machine point into each raft log
+/// segment, as sled holds them at open.
+fn load_pins(db: &sled::Db) -> io::Result<HashMap<ShardId, SegmentRuns>> {
+    let mut per_shard = HashMap::new();
+    for name in db.tree_names() {
+        let Some(shard) = std::str::from_utf8(&name)
+            .ok()
+            .and_then(|name| name.strip_prefix("shard-")?.strip_suffix(".sm"))
+            .and_then(|shard| shard.parse::<ShardId>().ok())
+        else {
+            continue;
+        };
+        let tree = db.open_tree(&name).map_err(io::Error::other)?;
+        if let Some(bytes) = tree.get(keys::PAYLOAD_PINS).map_err(io::Error::other)? {
+            let runs: SegmentRuns =
+                records::decode("segment pins", &bytes).map_err(io::Error::other)?;
+            per_shard.insert(shard, runs);
+        }
+    }
+    Ok(per_shard)
 }
 
 /// Checks (or, for a new data dir, writes) the format marker; true when

@@ -8,6 +8,10 @@
 //! writes for values over 128 KiB, so this follows the flush with
 //! `fdatasync` of the database file, of every new blob file, and of the
 //! folders that gained entries.
+//!
+//! It also tells the raft log which of its segments the state machines on
+//! disk still point into: the counts taken as the sync began hold for what
+//! it wrote (see `wal/pins.rs`).
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -16,29 +20,37 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::wal::Wal;
+
 /// Cheap handle that syncs the node's sled database for real.
 #[derive(Clone)]
 pub struct StateMachineDurability {
     db: sled::Db,
     files: Arc<Mutex<DurableFiles>>,
+    log: Arc<Wal>,
 }
 
 impl StateMachineDurability {
-    /// For the sled database `db` whose files live in `dir`.
-    pub fn new(db: sled::Db, dir: &Path) -> io::Result<Self> {
+    /// For the sled database `db` whose files live in `dir`, whose logged
+    /// payloads lie in `log`.
+    pub fn new(db: sled::Db, dir: &Path, log: Arc<Wal>) -> io::Result<Self> {
         Ok(Self {
             db,
             files: Arc::new(Mutex::new(DurableFiles::open(dir)?)),
+            log,
         })
     }
 
     /// Blocks until everything written to the state machines so far is on disk.
     pub fn sync(&self) -> io::Result<()> {
+        let pins = self.log.capture_pins();
         self.db.flush().map_err(io::Error::other)?;
         self.files
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .sync()
+            .sync()?;
+        self.log.pins_synced(pins);
+        Ok(())
     }
 }
 

@@ -6,6 +6,9 @@
 //!
 //! - `A` -> the applied state (last applied log id, membership);
 //! - `R` -> the redo record of an apply being written (none at rest);
+//! - `L` -> how many of the shard's runs point into each segment of this
+//!   node's raft log (see `wal/pins.rs`); this node's own, so snapshots
+//!   and replica digests leave it out;
 //! - `P` queue-len:u8 queue producer -> [`crate::records::ProducerRecord`];
 //! - `M` queue-len:u8 queue producer-len:u16 producer sequence:u64be -> a
 //!   run of messages from that sequence on (see `runs.rs`);
@@ -25,6 +28,8 @@
 pub const APPLIED: &[u8] = b"A";
 /// Key of the redo record of an apply being written (see `ChangeSet`).
 pub const REDO: &[u8] = b"R";
+/// Key of the shard's runs per raft log segment on this node.
+pub const PAYLOAD_PINS: &[u8] = b"L";
 /// First byte of every producer record key.
 pub const PRODUCER_TAG: u8 = b'P';
 /// First byte of every message key.

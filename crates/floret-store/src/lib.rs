@@ -8,7 +8,9 @@
 //! the state machines live in sled, keep each producer's messages in runs
 //! (the messages of one produce call under one key, see `runs.rs`) keyed by
 //! `(queue, producer, first sequence)` and only counters per producer, so
-//! memory never holds the backlog.
+//! memory never holds the backlog. A message's payload is written once: a
+//! run points at it in the raft log (`resting.rs`), which keeps the
+//! segments stored messages point into.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Snapshots are whole-tree images held in memory while built or installed.
@@ -29,6 +31,7 @@ mod log_store;
 pub mod policy;
 mod reader;
 pub mod records;
+mod resting;
 mod runs;
 mod snapshot;
 mod state_machine;
@@ -36,10 +39,13 @@ mod storage_error;
 mod types;
 pub mod wal;
 
-pub use database::{DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError};
+pub use database::{
+    DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError, StoreOptions,
+};
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
 pub use reader::{BacklogTotals, ProducerEntry, ShardReader};
-pub use snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
+pub use resting::{LoggedPayload, RestingError};
+pub use snapshot::{CaptureError, SnapshotFile, SnapshotMeta, TreeImage};
 pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};
 pub use types::*;

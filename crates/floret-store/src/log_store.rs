@@ -12,14 +12,14 @@ use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{LogState, RaftLogReader, Vote};
+use openraft::{EntryPayload, LogState, RaftLogReader, Vote};
 
 use crate::durability::StateMachineDurability;
 use crate::flusher::Flusher;
 use crate::records::{decode, encode};
 use crate::storage_error;
 use crate::types::{LogId, NodeId, ShardId, StorageError, TypeConfig};
-use crate::wal::Wal;
+use crate::wal::{EncodedEntry, Wal};
 
 /// Log storage of one shard; clones share the same log.
 #[derive(Clone)]
@@ -55,11 +55,42 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .wal
             .read(self.shard, range)
             .map_err(storage_error::read_logs)?;
-        encoded
-            .iter()
-            .map(|bytes| decode("log entry", bytes).map_err(storage_error::read_logs))
-            .collect()
+        encoded.into_iter().map(decode_entry).collect()
     }
+}
+
+/// The entry as the log stores it: without its payloads, which go raw after it.
+pub(crate) fn encode_entry(mut entry: openraft::Entry<TypeConfig>) -> EncodedEntry {
+    let payloads = match &mut entry.payload {
+        EntryPayload::Normal(command) => command.payloads_mut().map(std::mem::take).collect(),
+        _ => Vec::new(),
+    };
+    EncodedEntry {
+        meta: encode(&entry),
+        payloads,
+    }
+}
+
+/// The entry [`encode_entry`] stored, payloads put back.
+fn decode_entry(encoded: EncodedEntry) -> Result<openraft::Entry<TypeConfig>, StorageError> {
+    let mut entry: openraft::Entry<TypeConfig> =
+        decode("log entry", &encoded.meta).map_err(storage_error::read_logs)?;
+    let mut payloads = encoded.payloads.into_iter();
+    if let EntryPayload::Normal(command) = &mut entry.payload {
+        for slot in command.payloads_mut() {
+            *slot = payloads.next().ok_or_else(|| {
+                storage_error::read_logs(std::io::Error::other(
+                    "a log entry lists fewer payloads than it has messages",
+                ))
+            })?;
+        }
+    }
+    if payloads.next().is_some() {
+        return Err(storage_error::read_logs(std::io::Error::other(
+            "a log entry lists more payloads than it has messages",
+        )));
+    }
+    Ok(entry)
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -109,7 +140,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let encoded = entries
             .into_iter()
-            .map(|entry| (entry.log_id, encode(&entry)))
+            .map(|entry| (entry.log_id, encode_entry(entry)))
             .collect();
         self.wal
             .append(self.shard, encoded)

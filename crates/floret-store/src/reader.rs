@@ -11,14 +11,18 @@ use std::sync::{Arc, RwLock};
 use crate::keys;
 use crate::policy::{Policy, PolicyTable};
 use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessage, decode};
+use crate::resting;
 use crate::runs;
 use crate::storage_error;
 use crate::types::StorageError;
+use crate::wal::Wal;
 
 /// A cheap handle on a shard's state-machine tree.
 #[derive(Clone)]
 pub struct ShardReader {
     tree: sled::Tree,
+    /// The node's raft log, where logged payloads lie.
+    log: Arc<Wal>,
     policies: Arc<RwLock<PolicyTable>>,
     totals: Arc<BacklogTotals>,
     /// Delivery time of every stored delayed message, by message key.
@@ -87,11 +91,12 @@ pub struct ProducerEntry {
 
 impl ShardReader {
     /// A reader of `tree`, with the policies it stores loaded.
-    pub(crate) fn new(tree: sled::Tree) -> Result<Self, StorageError> {
+    pub(crate) fn new(tree: sled::Tree, log: Arc<Wal>) -> Result<Self, StorageError> {
         let policies = Self::load_policies(&tree)?;
         let delays = Self::load_delays(&tree)?;
         let reader = Self {
             tree,
+            log,
             policies: Arc::new(RwLock::new(policies)),
             totals: Arc::default(),
             delays: Arc::new(RwLock::new(delays)),
@@ -244,6 +249,15 @@ impl ShardReader {
         &self.tree
     }
 
+    pub(crate) fn log(&self) -> &Arc<Wal> {
+        &self.log
+    }
+
+    /// The message at rest in `value`, its payload read from the log if logged.
+    fn resolve(&self, value: &[u8]) -> Result<StoredMessage, StorageError> {
+        resting::resolve(value, &self.log).map_err(storage_error::read_state_machine)
+    }
+
     pub(crate) fn decode_producer(
         bytes: Option<sled::IVec>,
     ) -> Result<ProducerRecord, StorageError> {
@@ -300,7 +314,7 @@ impl ShardReader {
         let index = (sequence - first) as usize;
         runs::live_message(&self.tree, &run_key, &run, index)
             .map_err(storage_error::read_state_machine)?
-            .map(|bytes| decode("message", bytes).map_err(storage_error::read_state_machine))
+            .map(|bytes| self.resolve(bytes))
             .transpose()
     }
 
@@ -333,9 +347,7 @@ impl ShardReader {
                 let bytes = run
                     .message_within(index)
                     .map_err(storage_error::read_state_machine)?;
-                let message =
-                    decode("message", bytes).map_err(storage_error::read_state_machine)?;
-                return Ok(Some((first + index as u64, message)));
+                return Ok(Some((first + index as u64, self.resolve(bytes)?)));
             }
             let after = keys::message(queue, producer, first + run.len() as u64);
             next = runs::first_from(&self.tree, &after, &prefix)
@@ -361,7 +373,9 @@ impl ShardReader {
 
     /// A digest of the whole replica state (every key and value, in key
     /// order) and the number of keys: replicas that applied the same entries
-    /// have the same digest. It reads the tree while applies may go on, so
+    /// have the same digest. Messages count by their payload's length and
+    /// checksum, not by where the payload lies, and this node's own segment
+    /// counts are left out. It reads the tree while applies may go on, so
     /// compare replicas only once they report the same applied index.
     pub fn digest(&self) -> Result<(u64, u64), StorageError> {
         use std::hash::{DefaultHasher, Hasher};
@@ -369,10 +383,26 @@ impl ShardReader {
         let mut keys = 0;
         for item in self.tree.iter() {
             let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            if key == keys::PAYLOAD_PINS {
+                continue;
+            }
             hasher.write_usize(key.len());
             hasher.write(&key);
-            hasher.write_usize(value.len());
-            hasher.write(&value);
+            if key.first() == Some(&keys::MESSAGE_TAG) {
+                let run =
+                    runs::Run::parse(&value[..]).map_err(storage_error::read_state_machine)?;
+                hasher.write_usize(run.len());
+                for index in 0..run.len() {
+                    let message = run
+                        .message_within(index)
+                        .map_err(storage_error::read_state_machine)?;
+                    resting::hash_message(message, &mut hasher)
+                        .map_err(storage_error::read_state_machine)?;
+                }
+            } else {
+                hasher.write_usize(value.len());
+                hasher.write(&value);
+            }
             keys += 1;
         }
         Ok((hasher.finish(), keys))

@@ -35,7 +35,8 @@ pub struct ProducedBatch {
     pub count: u64,
 }
 
-/// One message at rest.
+/// One message as readers get it, and as dead letters keep it (runs keep
+/// it at rest, see `resting.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredMessage {
     /// Opaque bytes, as one byte string.
@@ -43,20 +44,6 @@ pub struct StoredMessage {
     pub payload: Vec<u8>,
     /// String headers.
     pub headers: BTreeMap<String, String>,
-    /// Commit time chosen by the leader, milliseconds since the Unix epoch.
-    pub enqueued_at_ms: i64,
-}
-
-/// A message being written, borrowing its payload and headers from the raft
-/// entry so applying copies them once (into the encoding), not twice.
-/// Encodes exactly like [`StoredMessage`].
-#[derive(Debug, Serialize)]
-pub struct StoredMessageRef<'a> {
-    /// Opaque bytes, as one byte string.
-    #[serde(with = "serde_bytes")]
-    pub payload: &'a [u8],
-    /// String headers.
-    pub headers: &'a BTreeMap<String, String>,
     /// Commit time chosen by the leader, milliseconds since the Unix epoch.
     pub enqueued_at_ms: i64,
 }
@@ -112,22 +99,6 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn borrowed_message_encodes_like_the_stored_one() {
-        let headers = BTreeMap::from([("k".to_owned(), "v".to_owned())]);
-        let stored = StoredMessage {
-            payload: b"payload".to_vec(),
-            headers: headers.clone(),
-            enqueued_at_ms: -5,
-        };
-        let borrowed = StoredMessageRef {
-            payload: b"payload",
-            headers: &headers,
-            enqueued_at_ms: -5,
-        };
-        assert_eq!(encode(&borrowed), encode(&stored));
-    }
 
     #[test]
     fn payload_encoding_differs_from_what_older_data_dirs_hold() {

@@ -8,8 +8,9 @@
 //!
 //! - `count`: u32 little-endian, the messages in the run (at least one);
 //! - `count` u32 little-endian ends, each message's end offset in the data;
-//! - the data: each message as its [`crate::records::StoredMessage`]
-//!   encoding, one after the other.
+//! - the data: each message at rest (`resting.rs`: headers, commit time
+//!   and the payload inline or as a pointer into the raft log), one after
+//!   the other.
 //!
 //! so reading the i-th message is two offset reads and a slice. A run's key
 //! is the key of its first message ([`crate::keys::message`]); a run holds
@@ -29,8 +30,9 @@
 //!   reads a message it holds as ready, so this shows at worst as one
 //!   delivery of a message removed at that instant, the same as a read
 //!   just before the removal.
-//! - Snapshots carry the runs as they are stored and no format version of
-//!   their own: every node of a cluster must run the same data format.
+//! - Snapshots carry the runs with every payload inline and no format
+//!   version of their own: every node of a cluster must run the same data
+//!   format.
 
 use std::ops::RangeInclusive;
 
@@ -39,11 +41,12 @@ use crate::keys;
 /// Most bytes of encoded messages a run holds: a produce call larger than
 /// this is stored as several runs. sled splits its leaves by entry count
 /// (16), not size, and writes a whole leaf out again every 10 changes to
-/// it, so the leaves of large runs are large: with 32 KiB runs a backlog
-/// of 1,000,000 messages wrote 9 times its size and held about 85 MiB
-/// whatever the cache size; 4 KiB runs (about 28 messages of 128 bytes)
-/// wrote about 7 times its size and stayed near the configured cache, at
-/// the same apply cost (see `examples/backlog_footprint.rs`).
+/// it, so the leaves of large runs are large: with 32 KiB runs of inline
+/// payloads a backlog of 1,000,000 messages wrote 9 times its size and
+/// held about 85 MiB whatever the cache size; 4 KiB runs (about 28
+/// messages of 128 bytes inline, about 130 with their payloads in the
+/// raft log) stay near the configured cache (see
+/// `examples/backlog_footprint.rs`).
 pub(crate) const MAX_RUN_BYTES: usize = 4 * 1024;
 
 /// A stored value that is not a well-formed run or set of marks: the data
@@ -111,6 +114,11 @@ impl<B: AsRef<[u8]>> Run<B> {
             return Err(RunError("offsets do not cover the data"));
         }
         Ok(run)
+    }
+
+    /// The stored bytes, borrowed.
+    pub(crate) fn as_bytes(&self) -> &B {
+        &self.bytes
     }
 
     /// The stored bytes.

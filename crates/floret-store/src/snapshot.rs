@@ -12,8 +12,22 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::keys;
 use crate::records::{decode, encode};
+use crate::resting::{self, RestingError};
 use crate::types::{NodeId, ShardId};
+use crate::wal::Wal;
+
+/// What stops a tree image from being taken.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// Reading the tree failed.
+    #[error(transparent)]
+    Sled(#[from] sled::Error),
+    /// A stored message could not be read back.
+    #[error(transparent)]
+    Message(#[from] RestingError),
+}
 
 /// Metadata of a snapshot, as openraft names it.
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
@@ -26,12 +40,24 @@ pub struct TreeImage {
 }
 
 impl TreeImage {
-    /// Copies every pair of `tree`.
-    pub fn capture(tree: &sled::Tree) -> Result<Self, sled::Error> {
-        let pairs = tree
-            .iter()
-            .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())))
-            .collect::<Result<_, _>>()?;
+    /// Copies every pair of `tree` that replicas share: runs with their
+    /// payloads read back from `log` and inline, since a replica that
+    /// installs the image has no copy of this node's log; this node's own
+    /// segment counts left out.
+    pub(crate) fn capture(tree: &sled::Tree, log: &Wal) -> Result<Self, CaptureError> {
+        let mut pairs = Vec::new();
+        for item in tree.iter() {
+            let (key, value) = item?;
+            if key == keys::PAYLOAD_PINS {
+                continue;
+            }
+            let value = if key.first() == Some(&keys::MESSAGE_TAG) {
+                resting::inlined_run(&value, log)?
+            } else {
+                value.to_vec()
+            };
+            pairs.push((key.to_vec(), value));
+        }
         Ok(Self { pairs })
     }
 

@@ -41,6 +41,22 @@ pub struct Command {
     pub ops: Vec<Op>,
 }
 
+impl Command {
+    /// Every message payload the command carries, in the one order the log
+    /// and the state machine both use: ops in order, each op's messages in
+    /// order.
+    pub fn payloads_mut(&mut self) -> impl Iterator<Item = &mut Vec<u8>> {
+        self.ops
+            .iter_mut()
+            .filter_map(|op| match op {
+                Op::Enqueue(enqueue) => Some(enqueue),
+                Op::EnqueueDelayed(delayed) => Some(&mut delayed.enqueue),
+                _ => None,
+            })
+            .flat_map(|enqueue| enqueue.messages.iter_mut().map(|m| &mut m.payload))
+    }
+}
+
 /// One change to a shard's queues.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {

@@ -126,12 +126,17 @@ pub fn parse_peers(text: &str) -> Result<Vec<PeerConfig>, String> {
 pub struct StorageConfig {
     /// sled's page cache, in bytes: the backlog beyond it stays on disk.
     pub cache_bytes: u64,
+    /// The raft log starts a new segment file past this size; a segment is
+    /// deleted once its entries are purged and no stored message points into it.
+    pub log_segment_bytes: u64,
 }
 
 impl Default for StorageConfig {
     fn default() -> Self {
+        let defaults = floret_store::StoreOptions::default();
         Self {
-            cache_bytes: floret_store::DEFAULT_CACHE_BYTES,
+            cache_bytes: defaults.cache_bytes,
+            log_segment_bytes: defaults.log_segment_bytes,
         }
     }
 }

@@ -51,6 +51,9 @@ impl Config {
         if self.storage.cache_bytes < 1024 * 1024 {
             return Err("storage.cache_bytes must be at least 1 MiB".into());
         }
+        if self.storage.log_segment_bytes < 64 * 1024 {
+            return Err("storage.log_segment_bytes must be at least 64 KiB".into());
+        }
         let limits = &self.limits;
         if limits.max_payload_bytes == 0 || limits.max_payload_bytes >= limits.max_request_bytes {
             return Err(

@@ -11,6 +11,11 @@
 //! `ops.rs` says what each operation means; this file is the openraft
 //! glue (apply, snapshots) and the events.
 //!
+//! Payloads are written once: a message whose entry is durable in this
+//! node's raft log is stored as a pointer to its payload there (see
+//! `resting.rs`), and the shard tells the log which segments its runs
+//! point into after every apply, so those segments stay.
+//!
 //! The state machine reports what it applied through [`AppliedEvent`]s so the
 //! node's dispatcher learns of new messages without polling.
 //!
@@ -26,6 +31,8 @@
 
 mod ops;
 mod overlay;
+#[cfg(test)]
+mod tests;
 
 use std::io::Cursor;
 use std::ops::Range;
@@ -42,6 +49,7 @@ use crate::records::{AppliedState, encode};
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
+use crate::wal::{SegmentRuns, Wal};
 
 /// What a shard applied that the node's dispatcher must know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +115,11 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
-    /// Opens the state-machine tree of `shard`; its snapshots go to `snapshot_dir`.
-    pub fn open(
+    /// Opens the state-machine tree of `shard`, whose logged payloads lie
+    /// in `log`; its snapshots go to `snapshot_dir`.
+    pub(crate) fn open(
         db: &sled::Db,
+        log: Arc<Wal>,
         shard: ShardId,
         snapshot_dir: &Path,
         events: Option<AppliedListener>,
@@ -125,7 +135,7 @@ impl StateMachine {
         if completed {
             tracing::info!(shard, "completed an apply a crash interrupted");
         }
-        let reader = ShardReader::new(tree).map_err(|error| {
+        let reader = ShardReader::new(tree, log).map_err(|error| {
             sled::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 error.to_string(),
@@ -176,6 +186,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 crate::failpoints::crash_if_fires("apply-mid-batch");
             }
             applied.last_applied = Some(entry.log_id);
+            pending.payloads_from(self.reader.log().payload_section(self.shard, entry.log_id));
             let reply = match &entry.payload {
                 EntryPayload::Blank => CommandReply::default(),
                 EntryPayload::Membership(membership) => {
@@ -215,7 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         SnapshotBuilder {
-            image: TreeImage::capture(self.reader.tree())
+            image: TreeImage::capture(self.reader.tree(), self.reader.log())
                 .map_err(storage_error::read_state_machine),
             applied: self.reader.applied_state(),
             file: self.snapshot_file.clone(),
@@ -252,6 +263,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         );
         tree.apply_batch(batch)
             .map_err(storage_error::write_state_machine)?;
+        self.reader.log().set_pins(self.shard, SegmentRuns::new());
         self.reader.reload()?;
         self.snapshot_file
             .save(meta, &data)

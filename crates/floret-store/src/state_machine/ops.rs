@@ -8,9 +8,8 @@ use std::ops::Bound;
 
 use crate::keys;
 use crate::policy::{Overflow, Policy};
-use crate::records::{
-    DeadLetterRecord, ProducedBatch, StoredMessage, StoredMessageRef, decode, encode,
-};
+use crate::records::{DeadLetterRecord, ProducedBatch, StoredMessage, decode, encode};
+use crate::resting::{self, RestingPayload};
 use crate::runs;
 use crate::storage_error;
 use crate::types::{
@@ -23,6 +22,7 @@ use super::overlay::{PendingApply, RunBytes};
 
 impl PendingApply<'_> {
     pub(super) fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
+        let logged = self.logged_payloads(&enqueue.messages);
         let policy = self.policy(&enqueue.queue, &enqueue.producer);
         let record = self.producer(&enqueue.queue, &enqueue.producer)?;
         if let (Some(sequence), Some(last)) = (enqueue.producer_sequence, record.last_batch) {
@@ -50,13 +50,13 @@ impl PendingApply<'_> {
         }
         let mut values = Vec::with_capacity(enqueue.messages.len());
         let mut added_bytes = 0;
-        for message in &enqueue.messages {
-            let value = encode(&StoredMessageRef {
-                payload: &message.payload,
-                headers: &message.headers,
-                enqueued_at_ms: enqueue.enqueued_at_ms,
-            });
-            added_bytes += value.len() as u64;
+        for (message, logged) in enqueue.messages.iter().zip(logged) {
+            let payload = match logged {
+                Some(logged) => RestingPayload::Logged(logged),
+                None => RestingPayload::Inline(&message.payload),
+            };
+            let value = resting::encode_resting(payload, &message.headers, enqueue.enqueued_at_ms);
+            added_bytes += accounted(&value)?;
             values.push(value);
         }
         let overflow = policy.overflow.unwrap_or_default();
@@ -155,7 +155,7 @@ impl PendingApply<'_> {
                 };
                 let sequence = first + index as u64;
                 messages -= 1;
-                bytes -= value.len() as u64;
+                bytes -= accounted(&value)?;
                 last = Some(sequence);
                 self.forget_delay(&keys::message(queue, producer, sequence));
                 if dead_letter {
@@ -167,7 +167,7 @@ impl PendingApply<'_> {
                             reason: DeadLetterReason::Overflow,
                             attempts: 0,
                             dead_lettered_at_ms: enqueue.enqueued_at_ms,
-                            message: value,
+                            message: self.plain(&value)?,
                         },
                     )?;
                 }
@@ -200,9 +200,10 @@ impl PendingApply<'_> {
         let Some(value) = self.remove_from_run(&run_key, index)? else {
             return Ok(None);
         };
+        let bytes = accounted(&value)?;
         let record = self.producer(queue, producer)?;
         record.messages -= 1;
-        record.bytes -= value.len() as u64;
+        record.bytes -= bytes;
         if record.head == message.sequence {
             record.head += 1;
         }
@@ -237,7 +238,7 @@ impl PendingApply<'_> {
                         reason: discarded.reason,
                         attempts: discarded.attempts,
                         dead_lettered_at_ms: discard.at_ms,
-                        message: value,
+                        message: self.plain(&value)?,
                     },
                 )?;
             }
@@ -322,15 +323,19 @@ impl PendingApply<'_> {
         let dead_letters = self.selected_dead_letters(selection)?;
         let count = dead_letters.len() as u64;
         for (key, dead) in dead_letters {
-            let mut message: StoredMessage =
+            let message: StoredMessage =
                 decode("message", &dead.message).map_err(storage_error::read_state_machine)?;
-            message.enqueued_at_ms = selection.at_ms;
-            let value = encode(&message);
+            let value = resting::encode_resting(
+                RestingPayload::Inline(&message.payload),
+                &message.headers,
+                selection.at_ms,
+            );
+            let bytes = accounted(&value)?;
             let record = self.producer(&selection.queue, &dead.producer)?;
             let sequence = record.tail;
             record.tail += 1;
             record.messages += 1;
-            record.bytes += value.len() as u64;
+            record.bytes += bytes;
             self.changes.remove(key);
             self.add_run(&selection.queue, &dead.producer, sequence, &[value]);
             self.events.push(AppliedEvent::Enqueued {
@@ -370,7 +375,7 @@ impl PendingApply<'_> {
             let key = keys::producer(&candidate.queue, &candidate.producer);
             self.producers.remove(&key);
             self.changes.remove(key);
-            self.forget_runs(keys::message_prefix(&candidate.queue, &candidate.producer));
+            self.forget_runs(keys::message_prefix(&candidate.queue, &candidate.producer))?;
             self.events.push(AppliedEvent::Forgotten {
                 shard: self.shard,
                 queue: candidate.queue.clone(),
@@ -385,7 +390,7 @@ impl PendingApply<'_> {
     /// messages are all removed, so its stored runs and marks are deleted
     /// now; a run the producer starts again at the same sequence in this
     /// apply is a new one and overwrites that deletion at commit.
-    pub(super) fn forget_runs(&mut self, prefix: Vec<u8>) {
+    pub(super) fn forget_runs(&mut self, prefix: Vec<u8>) -> Result<(), StorageError> {
         let run_keys: Vec<Vec<u8>> = self
             .runs
             .range::<[u8], _>((Bound::Included(prefix.as_slice()), Bound::Unbounded))
@@ -395,11 +400,23 @@ impl PendingApply<'_> {
             .collect();
         for run_key in run_keys {
             let touched = self.runs.remove(&run_key).expect("listed above");
-            if let RunBytes::Stored(_) = touched.run.into_bytes() {
+            if let RunBytes::Stored(_) = touched.run.as_bytes() {
+                self.unpin(&touched.run)?;
                 self.changes.remove(keys::removed(&run_key));
                 self.changes.remove(run_key);
             }
         }
         self.forgotten.insert(prefix);
+        Ok(())
     }
+
+    /// A message at rest in the plain form dead letters keep, payload read back from the log.
+    fn plain(&self, value: &[u8]) -> Result<Vec<u8>, StorageError> {
+        resting::plain(value, self.log()).map_err(storage_error::read_state_machine)
+    }
+}
+
+/// The bytes a message at rest counts against its producer's limits.
+fn accounted(value: &[u8]) -> Result<u64, StorageError> {
+    resting::accounted_len(value).map_err(storage_error::read_state_machine)
 }

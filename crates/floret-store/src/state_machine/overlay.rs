@@ -12,9 +12,11 @@ use crate::keys;
 use crate::policy::Policy;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducerRecord, encode};
+use crate::resting::{self, LoggedPayload};
 use crate::runs::{self, Removed, Run};
 use crate::storage_error;
-use crate::types::{ShardId, StorageError};
+use crate::types::{NewMessage, ShardId, StorageError};
+use crate::wal::{PayloadSection, SegmentRuns, Wal};
 
 use super::AppliedEvent;
 
@@ -66,6 +68,12 @@ pub(super) struct PendingApply<'a> {
     /// once they are written.
     pub(super) policies_set: Vec<(String, Option<String>, Policy)>,
     pub(super) events: Vec<AppliedEvent>,
+    /// Where the payloads of the entry being applied lie in the log, as far
+    /// as its ops have used them; None stores them inline.
+    payloads: Option<PayloadSection>,
+    /// The shard's runs per log segment, as this apply leaves them so far.
+    pins: SegmentRuns,
+    pins_changed: bool,
 }
 
 impl<'a> PendingApply<'a> {
@@ -83,7 +91,67 @@ impl<'a> PendingApply<'a> {
             forgotten: HashSet::new(),
             policies_set: Vec::new(),
             events: Vec::new(),
+            payloads: None,
+            pins: reader.log().pins_of(shard),
+            pins_changed: false,
         }
+    }
+
+    pub(super) fn log(&self) -> &Wal {
+        self.reader.log()
+    }
+
+    /// The next entry's payloads lie at `section` in the log (None: not
+    /// durable there, store them inline).
+    pub(super) fn payloads_from(&mut self, section: Option<PayloadSection>) {
+        self.payloads = section;
+    }
+
+    /// Where each of `messages` (the next payloads of the entry, in its
+    /// order) lies in the log, if the entry's payloads are logged.
+    pub(super) fn logged_payloads(
+        &mut self,
+        messages: &[NewMessage],
+    ) -> Vec<Option<LoggedPayload>> {
+        messages
+            .iter()
+            .map(|message| {
+                let section = self.payloads.as_mut()?;
+                let len = message.payload.len() as u32;
+                let logged = LoggedPayload {
+                    segment: section.segment,
+                    offset: section.offset,
+                    len,
+                    crc: crc32fast::hash(&message.payload),
+                };
+                section.offset += u64::from(len);
+                Some(logged)
+            })
+            .collect()
+    }
+
+    /// Takes a stored run that is being deleted out of the shard's pins.
+    pub(super) fn unpin<B: AsRef<[u8]>>(&mut self, run: &Run<B>) -> Result<(), StorageError> {
+        self.pin(run, false)
+    }
+
+    /// Counts a stored run's segment in or out of the shard's pins.
+    fn pin<B: AsRef<[u8]>>(&mut self, run: &Run<B>, added: bool) -> Result<(), StorageError> {
+        let Some(segment) = resting::run_segment(run).map_err(storage_error::read_state_machine)?
+        else {
+            return Ok(());
+        };
+        let runs = self.pins.entry(segment).or_default();
+        if added {
+            *runs += 1;
+        } else {
+            *runs = runs.saturating_sub(1);
+            if *runs == 0 {
+                self.pins.remove(&segment);
+            }
+        }
+        self.pins_changed = true;
+        Ok(())
     }
 
     pub(super) fn tree(&self) -> &sled::Tree {
@@ -314,6 +382,10 @@ impl<'a> PendingApply<'a> {
     ) -> Result<Vec<AppliedEvent>, StorageError> {
         for (key, touched) in std::mem::take(&mut self.runs) {
             let marks_key = keys::removed(&key);
+            let is_new = matches!(touched.run.as_bytes(), RunBytes::New(_));
+            if touched.removed.all() != is_new {
+                self.pin(&touched.run, is_new)?;
+            }
             let new_run = match touched.run.into_bytes() {
                 RunBytes::New(bytes) => Some(bytes),
                 RunBytes::Stored(_) => None,
@@ -344,9 +416,16 @@ impl<'a> PendingApply<'a> {
                 .insert(keys::next_dead_letter(&queue), encode(&id));
         }
         self.changes.insert(keys::APPLIED.to_vec(), encode(applied));
+        if self.pins_changed {
+            self.changes
+                .insert(keys::PAYLOAD_PINS.to_vec(), encode(&self.pins));
+        }
         self.changes
             .write(self.reader.tree())
             .map_err(storage_error::write_state_machine)?;
+        if self.pins_changed {
+            self.reader.log().set_pins(self.shard, self.pins);
+        }
         for (before, after) in changed_totals {
             self.reader.totals().changed(before, after);
         }

@@ -10,12 +10,17 @@
 //! cycle is one `fdatasync`.
 //!
 //! Layout: segment files `wal-{id:020}.log`, each a sequence of frames
-//! `[len: u32 le][crc32: u32 le][record]`, records encoded with postcard.
+//! `[len: u32 le][crc32: u32 le][record][payloads]`, records encoded with
+//! postcard. An entry's record holds the entry without its messages'
+//! payloads; the payloads follow it raw, one after the other, so that a
+//! stored message can point at its payload here instead of copying it
+//! (write once, see [`crate::records::LoggedPayload`]).
 //! A new segment starts when the active one passes [`SEGMENT_BYTES`], with a
 //! checkpoint of every shard's vote, commit mark and purge point, so an old
-//! segment is only needed for the entries it holds; it is deleted once every
-//! shard has purged them. Memory holds one location per live entry, never
-//! an entry itself.
+//! segment is only needed for the entries and the payloads it holds; it is
+//! deleted once every shard has purged its entries and no stored message
+//! points into it (`pins.rs`). Memory holds one location per live entry,
+//! never an entry itself.
 //!
 //! Recovery reads every segment in order. A frame cut short (unless it
 //! claims more than [`MAX_FRAME_BYTES`]), or the very last frame of the last
@@ -25,7 +30,8 @@
 //! (see `WalState::failed`).
 //!
 //! Files: `segment.rs` (segment files and frames), `recovery.rs` (replaying
-//! a segment at open, torn write or corruption), `tests.rs`.
+//! a segment at open, torn write or corruption), `pins.rs` (segments that
+//! stored messages point into), `tests.rs`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -44,14 +50,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::Vote;
 use serde::{Deserialize, Serialize};
 
-use crate::records::decode;
 use crate::types::{LogId, NodeId, ShardId};
 
+mod pins;
 mod recovery;
 mod segment;
 
+use pins::Pins;
+pub use pins::{PinCapture, SegmentRuns};
 use recovery::replay_segment;
-use segment::{create_segment, frame, segment_path};
+use segment::{create_segment, entry_frame, frame, segment_path};
 
 /// A segment is closed and a new one started past this size.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
@@ -65,10 +73,12 @@ pub const MAX_FRAME_BYTES: usize = SEGMENT_BYTES as usize;
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Record {
+    /// Followed in its frame by the payloads, raw, of the lengths listed.
     Entry {
         shard: ShardId,
         log_id: LogId,
         entry: Vec<u8>,
+        payload_lens: Vec<u32>,
     },
     Vote {
         shard: ShardId,
@@ -94,7 +104,28 @@ struct Location {
     segment: u64,
     offset: u64,
     len: u32,
+    /// Where the payloads start, from the frame's start.
+    payloads_at: u32,
     log_id: LogId,
+}
+
+/// One raft entry as the log stores it: the entry encoded without its
+/// payloads, and the payloads in the order the entry lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedEntry {
+    /// The entry, payloads left empty.
+    pub meta: Vec<u8>,
+    /// The payloads taken out of it.
+    pub payloads: Vec<Vec<u8>>,
+}
+
+/// Where an entry's payloads lie in the log, once they are durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadSection {
+    /// The segment.
+    pub segment: u64,
+    /// Offset of the first payload in the segment.
+    pub offset: u64,
 }
 
 /// What the log knows of one shard.
@@ -114,6 +145,8 @@ struct Segment {
 
 struct WalState {
     active: Segment,
+    /// Bytes of the active segment known to be on disk.
+    synced_len: u64,
     sealed: BTreeMap<u64, Arc<File>>,
     shards: HashMap<ShardId, ShardLog>,
     /// Set by a write or sync that failed: after it nothing in the file can be
@@ -121,6 +154,7 @@ struct WalState {
     /// `fdatasync` may drop dirty pages and a retry would then succeed), so
     /// every later call fails until the node restarts and recovers.
     failed: Option<String>,
+    pins: Pins,
 }
 
 /// The log of every shard of a node.
@@ -198,10 +232,12 @@ impl Wal {
             dir: dir.to_path_buf(),
             segment_bytes,
             state: Mutex::new(WalState {
+                synced_len: active.len,
                 active,
                 sealed,
                 shards,
                 failed: None,
+                pins: Pins::default(),
             }),
             cut_at_open,
         })
@@ -214,22 +250,19 @@ impl Wal {
     }
 
     /// Appends encoded entries of `shard` (visible to reads at once, durable after [`Wal::sync`]).
-    pub fn append(&self, shard: ShardId, entries: Vec<(LogId, Vec<u8>)>) -> io::Result<()> {
+    pub fn append(&self, shard: ShardId, entries: Vec<(LogId, EncodedEntry)>) -> io::Result<()> {
         let mut state = self.lock();
         let mut buffer = Vec::new();
         let mut locations = Vec::with_capacity(entries.len());
         let segment = state.active.id;
         for (log_id, entry) in entries {
             let offset = state.active.len + buffer.len() as u64;
-            let bytes = frame(&Record::Entry {
-                shard,
-                log_id,
-                entry,
-            });
+            let (bytes, payloads_at) = entry_frame(shard, log_id, entry);
             locations.push(Location {
                 segment,
                 offset,
                 len: bytes.len() as u32,
+                payloads_at,
                 log_id,
             });
             buffer.extend_from_slice(&bytes);
@@ -290,6 +323,7 @@ impl Wal {
             .sealed
             .range(..oldest_needed)
             .map(|(&id, _)| id)
+            .filter(|&id| !state.pins.is_pinned(id))
             .collect();
         if !obsolete.is_empty() {
             // The purge record must be durable before the entries it drops vanish.
@@ -329,7 +363,11 @@ impl Wal {
     }
 
     /// Encoded entries of `shard` in `range`, in index order.
-    pub fn read(&self, shard: ShardId, range: impl RangeBounds<u64>) -> io::Result<Vec<Vec<u8>>> {
+    pub fn read(
+        &self,
+        shard: ShardId,
+        range: impl RangeBounds<u64>,
+    ) -> io::Result<Vec<EncodedEntry>> {
         let (locations, files) = {
             let state = self.lock();
             let Some(log) = state.shards.get(&shard) else {
@@ -347,21 +385,99 @@ impl Wal {
             .map(|location| {
                 let mut bytes = vec![0; location.len as usize];
                 files[&location.segment].read_exact_at(&mut bytes, location.offset)?;
-                match decode::<Record>("raft log record", &bytes[FRAME_HEADER..])
-                    .map_err(io::Error::other)?
-                {
-                    Record::Entry { entry, .. } => Ok(entry),
-                    other => Err(io::Error::other(format!(
-                        "expected an entry at {location:?}, found {other:?}"
-                    ))),
+                let (record, mut payloads) =
+                    postcard::take_from_bytes::<Record>(&bytes[FRAME_HEADER..])
+                        .map_err(io::Error::other)?;
+                let Record::Entry {
+                    entry,
+                    payload_lens,
+                    ..
+                } = record
+                else {
+                    return Err(io::Error::other(format!(
+                        "expected an entry at {location:?}, found {record:?}"
+                    )));
+                };
+                let mut split = Vec::with_capacity(payload_lens.len());
+                for len in payload_lens {
+                    let Some((payload, rest)) = payloads.split_at_checked(len as usize) else {
+                        return Err(io::Error::other(format!(
+                            "the entry at {location:?} lists more payload bytes than its frame holds"
+                        )));
+                    };
+                    split.push(payload.to_vec());
+                    payloads = rest;
                 }
+                Ok(EncodedEntry {
+                    meta: entry,
+                    payloads: split,
+                })
             })
             .collect()
     }
 
+    /// Where the payloads of `shard`'s entry `log_id` lie, if the log holds
+    /// that entry and it is durable (a stored message may point only at
+    /// bytes a crash cannot take back).
+    pub fn payload_section(&self, shard: ShardId, log_id: LogId) -> Option<PayloadSection> {
+        let state = self.lock();
+        let location = state.shards.get(&shard)?.entries.get(&log_id.index)?;
+        let durable = location.segment != state.active.id
+            || location.offset + u64::from(location.len) <= state.synced_len;
+        (location.log_id == log_id && durable).then_some(PayloadSection {
+            segment: location.segment,
+            offset: location.offset + u64::from(location.payloads_at),
+        })
+    }
+
+    /// The `len` bytes at `offset` of `segment`: a payload a stored message points at.
+    pub fn read_payload(&self, segment: u64, offset: u64, len: u32) -> io::Result<Vec<u8>> {
+        let file = {
+            let state = self.lock();
+            if segment == state.active.id {
+                state.active.file.clone()
+            } else {
+                state.sealed.get(&segment).cloned().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("raft log segment {segment} holds a stored payload but is gone"),
+                    )
+                })?
+            }
+        };
+        let mut payload = vec![0; len as usize];
+        file.read_exact_at(&mut payload, offset)?;
+        Ok(payload)
+    }
+
+    /// Records how many of `shard`'s stored runs point into each segment.
+    pub fn set_pins(&self, shard: ShardId, runs: SegmentRuns) {
+        self.lock().pins.set(shard, runs);
+    }
+
+    /// `shard`'s runs per segment as its last apply left them.
+    pub fn pins_of(&self, shard: ShardId) -> SegmentRuns {
+        self.lock().pins.of(shard)
+    }
+
+    /// Takes the counts read from disk at open, for every shard.
+    pub fn load_pins(&self, per_shard: HashMap<ShardId, SegmentRuns>) {
+        self.lock().pins = Pins::loaded(per_shard);
+    }
+
+    /// The counts as a state-machine sync begins.
+    pub fn capture_pins(&self) -> PinCapture {
+        self.lock().pins.capture()
+    }
+
+    /// The sync that began with `capture` made the state machines durable.
+    pub fn pins_synced(&self, capture: PinCapture) {
+        self.lock().pins.synced(capture);
+    }
+
     /// Makes everything appended so far durable.
     pub fn sync(&self) -> io::Result<()> {
-        let (active, _segment, _len) = {
+        let (active, segment, len) = {
             let state = self.lock();
             state.check()?;
             (state.active.file.clone(), state.active.id, state.active.len)
@@ -372,8 +488,14 @@ impl Wal {
         active.sync_data().inspect_err(|error| {
             self.lock().failed = Some(format!("fdatasync failed: {error}"));
         })?;
+        {
+            let mut state = self.lock();
+            if state.active.id == segment {
+                state.synced_len = state.synced_len.max(len);
+            }
+        }
         #[cfg(feature = "failpoints")]
-        crate::failpoints::record_synced(&self.dir, _segment, _len)?;
+        crate::failpoints::record_synced(&self.dir, segment, len)?;
         Ok(())
     }
 
@@ -403,6 +525,7 @@ impl Wal {
         let next = create_segment(&self.dir, state.active.id + 1)?;
         let old = std::mem::replace(&mut state.active, next);
         state.sealed.insert(old.id, old.file);
+        state.synced_len = 0;
         let mut checkpoint = Vec::new();
         for (&shard, log) in &state.shards {
             if let Some(vote) = log.vote {

@@ -8,7 +8,6 @@ use std::io;
 use std::path::Path;
 
 use super::{CorruptLog, FRAME_HEADER, Location, MAX_FRAME_BYTES, Record, ShardLog};
-use crate::records::decode;
 use crate::types::ShardId;
 
 /// Applies one segment's records to `shards`; returns the length of its valid prefix.
@@ -53,13 +52,28 @@ pub(super) fn replay_segment(
         if crc32fast::hash(body) != crc {
             return corrupt("checksum mismatch".into(), is_last_frame);
         }
-        let record: Record = match decode("raft log record", body) {
-            Ok(record) => record,
+        let (record, payloads) = match postcard::take_from_bytes::<Record>(body) {
+            Ok(decoded) => decoded,
             Err(error) => return corrupt(error.to_string(), is_last_frame),
         };
         let frame_len = (FRAME_HEADER + len) as u32;
         match record {
-            Record::Entry { shard, log_id, .. } => {
+            Record::Entry {
+                shard,
+                log_id,
+                payload_lens,
+                ..
+            } => {
+                let listed: u64 = payload_lens.iter().map(|&len| u64::from(len)).sum();
+                if listed != payloads.len() as u64 {
+                    return corrupt(
+                        format!(
+                            "entry lists {listed} payload bytes, its frame holds {}",
+                            payloads.len()
+                        ),
+                        is_last_frame,
+                    );
+                }
                 let log = shards.entry(shard).or_default();
                 let _conflicting = log.entries.split_off(&log_id.index);
                 log.entries.insert(
@@ -68,6 +82,7 @@ pub(super) fn replay_segment(
                         segment: id,
                         offset: offset as u64,
                         len: frame_len,
+                        payloads_at: (FRAME_HEADER + len - payloads.len()) as u32,
                         log_id,
                     },
                 );

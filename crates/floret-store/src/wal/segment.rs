@@ -7,20 +7,44 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{FRAME_HEADER, Record, Segment, WalState};
+use super::{EncodedEntry, FRAME_HEADER, Record, Segment, WalState};
 use crate::records::encode;
+use crate::types::{LogId, ShardId};
 
 pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("wal-{id:020}.log"))
 }
 
 pub(super) fn frame(record: &Record) -> Vec<u8> {
-    let body = encode(record);
-    let mut frame = Vec::with_capacity(FRAME_HEADER + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    frame.extend_from_slice(&body);
-    frame
+    frame_with_payloads(record, &[]).0
+}
+
+/// The frame of one entry of `shard`, and where its payloads start in it.
+pub(super) fn entry_frame(shard: ShardId, log_id: LogId, entry: EncodedEntry) -> (Vec<u8>, u32) {
+    let record = Record::Entry {
+        shard,
+        log_id,
+        entry: entry.meta,
+        payload_lens: entry.payloads.iter().map(|p| p.len() as u32).collect(),
+    };
+    frame_with_payloads(&record, &entry.payloads)
+}
+
+/// `record` followed by `payloads` in one checksummed frame; the offset
+/// of the first payload from the frame's start.
+fn frame_with_payloads(record: &Record, payloads: &[Vec<u8>]) -> (Vec<u8>, u32) {
+    let head = encode(record);
+    let body_len = head.len() + payloads.iter().map(Vec::len).sum::<usize>();
+    let mut frame = Vec::with_capacity(FRAME_HEADER + body_len);
+    frame.extend_from_slice(&(body_len as u32).to_le_bytes());
+    frame.extend_from_slice(&[0; 4]);
+    frame.extend_from_slice(&head);
+    for payload in payloads {
+        frame.extend_from_slice(payload);
+    }
+    let crc = crc32fast::hash(&frame[FRAME_HEADER..]);
+    frame[4..FRAME_HEADER].copy_from_slice(&crc.to_le_bytes());
+    (frame, (FRAME_HEADER + head.len()) as u32)
 }
 
 pub(super) fn create_segment(dir: &Path, id: u64) -> io::Result<Segment> {

@@ -7,8 +7,21 @@ fn log_id(index: u64) -> LogId {
 }
 
 fn append(wal: &Wal, shard: ShardId, indexes: std::ops::Range<u64>) {
-    let entries = indexes.map(|i| (log_id(i), vec![i as u8; 100])).collect();
+    let entries = indexes
+        .map(|i| {
+            let entry = EncodedEntry {
+                meta: vec![i as u8; 100],
+                payloads: Vec::new(),
+            };
+            (log_id(i), entry)
+        })
+        .collect();
     wal.append(shard, entries).unwrap();
+}
+
+/// The entries' encodings without payloads.
+fn metas(entries: Vec<EncodedEntry>) -> Vec<Vec<u8>> {
+    entries.into_iter().map(|entry| entry.meta).collect()
 }
 
 fn segments(dir: &Path) -> usize {
@@ -38,7 +51,7 @@ fn torn_write_at_the_end_is_cut_off_and_earlier_entries_survive() {
     drop(wal);
     let wal = Wal::open(dir.path()).unwrap();
     assert_eq!(
-        wal.read(0, 1..).unwrap(),
+        metas(wal.read(0, 1..).unwrap()),
         vec![vec![1; 100], vec![2; 100], vec![3; 100]]
     );
 }
@@ -86,7 +99,7 @@ fn purged_segments_are_deleted_and_metadata_survives_in_checkpoints() {
     assert_eq!(wal.committed(0), Some(log_id(5)));
     assert_eq!(wal.log_state(0), (Some(log_id(18)), Some(log_id(19))));
     assert_eq!(wal.log_state(1), (Some(log_id(2)), Some(log_id(2))));
-    assert_eq!(wal.read(0, ..).unwrap(), vec![vec![19; 100]]);
+    assert_eq!(metas(wal.read(0, ..).unwrap()), vec![vec![19; 100]]);
 }
 
 #[test]
@@ -134,4 +147,90 @@ fn truncated_entries_stay_gone_after_reopening() {
     }
     let wal = Wal::open(dir.path()).unwrap();
     assert_eq!(wal.log_state(0), (None, Some(log_id(3))));
+}
+
+fn with_payloads(meta: u8, payloads: &[&[u8]]) -> EncodedEntry {
+    EncodedEntry {
+        meta: vec![meta; 10],
+        payloads: payloads.iter().map(|p| p.to_vec()).collect(),
+    }
+}
+
+#[test]
+fn payloads_read_back_in_place_only_once_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = with_payloads(1, &[b"abc", b"", b"defgh"]);
+    let section = {
+        let wal = Wal::open(dir.path()).unwrap();
+        wal.append(0, vec![(log_id(1), entry.clone())]).unwrap();
+        assert_eq!(
+            wal.payload_section(0, log_id(1)),
+            None,
+            "a payload not yet synced may vanish in a crash: nothing may point at it"
+        );
+        wal.sync().unwrap();
+        let section = wal.payload_section(0, log_id(1)).unwrap();
+        assert_eq!(
+            wal.read_payload(section.segment, section.offset, 3)
+                .unwrap(),
+            b"abc"
+        );
+        assert_eq!(
+            wal.read_payload(section.segment, section.offset + 3, 5)
+                .unwrap(),
+            b"defgh"
+        );
+        assert_eq!(wal.read(0, ..).unwrap(), vec![entry.clone()]);
+        let other_term = LogId::new(CommittedLeaderId::new(2, 1), 1);
+        assert_eq!(wal.payload_section(0, other_term), None);
+        section
+    };
+    let wal = Wal::open(dir.path()).unwrap();
+    assert_eq!(wal.payload_section(0, log_id(1)), Some(section));
+    assert_eq!(wal.read(0, ..).unwrap(), vec![entry]);
+}
+
+#[test]
+fn segment_that_stored_messages_point_into_outlives_its_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+    let payload = [7u8; 200];
+    wal.append(0, vec![(log_id(1), with_payloads(1, &[&payload]))])
+        .unwrap();
+    wal.sync().unwrap();
+    let section = wal.payload_section(0, log_id(1)).unwrap();
+    wal.set_pins(0, SegmentRuns::from([(section.segment, 1)]));
+    let capture = wal.capture_pins();
+    wal.pins_synced(capture);
+    for index in 2..6 {
+        append(&wal, 0, index..index + 1);
+    }
+    wal.sync().unwrap();
+    wal.purge(0, log_id(5)).unwrap();
+    assert_eq!(
+        wal.read_payload(section.segment, section.offset, 200)
+            .unwrap(),
+        payload
+    );
+    wal.set_pins(0, SegmentRuns::new());
+    let capture = wal.capture_pins();
+    append(&wal, 0, 6..7);
+    assert!(
+        wal.read_payload(section.segment, section.offset, 200)
+            .is_ok(),
+        "no purge since the run went"
+    );
+    wal.purge(0, log_id(6)).unwrap();
+    assert!(
+        wal.read_payload(section.segment, section.offset, 200)
+            .is_ok(),
+        "no sync has yet written the state machines without the run"
+    );
+    wal.pins_synced(capture);
+    append(&wal, 0, 7..8);
+    wal.purge(0, log_id(7)).unwrap();
+    let gone = wal
+        .read_payload(section.segment, section.offset, 200)
+        .unwrap_err();
+    assert_eq!(gone.kind(), io::ErrorKind::NotFound);
 }

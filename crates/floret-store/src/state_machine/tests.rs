@@ -1,0 +1,247 @@
+//! Payloads written once: what the state machine stores for an entry the
+//! node's own log holds, and what it hands out.
+
+use std::collections::BTreeMap;
+
+use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload};
+
+use crate::log_store::encode_entry;
+use crate::records::{StoredMessage, decode};
+use crate::types::{
+    Command, DeadLetterReason, Discard, Discarded, Enqueue, LogId, MessageRef, NewMessage, Op,
+    TypeConfig,
+};
+use crate::wal::SegmentRuns;
+use crate::{Database, keys};
+
+const SHARD: u32 = 0;
+
+fn log_id(index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+/// A payload no other stored byte could contain by chance.
+fn payload(n: u8) -> Vec<u8> {
+    let mut payload = b"payload-that-must-be-written-once-".to_vec();
+    payload.extend(std::iter::repeat_n(n, 64));
+    payload
+}
+
+fn enqueue(index: u64, producer: &str, payloads: &[Vec<u8>]) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command {
+            ops: vec![Op::Enqueue(Enqueue {
+                queue: "q".into(),
+                producer: producer.into(),
+                producer_sequence: None,
+                enqueued_at_ms: 1_700_000_000_000,
+                messages: payloads
+                    .iter()
+                    .map(|payload| NewMessage {
+                        payload: payload.clone(),
+                        headers: BTreeMap::from([("h".to_owned(), "1".to_owned())]),
+                    })
+                    .collect(),
+            })],
+        }),
+    }
+}
+
+fn message(producer: &str, sequence: u64) -> MessageRef {
+    MessageRef {
+        queue: "q".into(),
+        producer: producer.into(),
+        sequence,
+    }
+}
+
+fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command { ops }),
+    }
+}
+
+/// Appends `entry` to the node's log (synced if `sync`), reads it back
+/// through the shard's log store as openraft does, and applies it.
+async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: bool) {
+    let index = entry.log_id.index;
+    database
+        .wal()
+        .append(SHARD, vec![(entry.log_id, encode_entry(entry))])
+        .unwrap();
+    if sync {
+        database.wal().sync().unwrap();
+    }
+    let entries = database
+        .log_store(SHARD)
+        .try_get_log_entries(index..=index)
+        .await
+        .unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    state_machine.apply(entries).await.unwrap();
+}
+
+/// Whether any stored value of the shard contains `bytes`.
+fn tree_holds(database: &Database, bytes: &[u8]) -> bool {
+    let state_machine = database.state_machine(SHARD, None).unwrap();
+    state_machine.reader().tree().iter().values().any(|value| {
+        value
+            .unwrap()
+            .windows(bytes.len())
+            .any(|window| window == bytes)
+    })
+}
+
+#[tokio::test]
+async fn durable_entry_payload_is_not_copied_into_sled() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    append_and_apply(&database, enqueue(1, "a", &[payload(1), payload(2)]), true).await;
+    assert!(!tree_holds(&database, &payload(1)));
+    let reader = database.state_machine(SHARD, None).unwrap().reader();
+    let read = reader.message("q", "a", 1).unwrap().unwrap();
+    assert_eq!(read.payload, payload(2));
+    assert_eq!(read.headers["h"], "1");
+    assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
+}
+
+#[tokio::test]
+async fn entry_not_yet_durable_in_this_log_is_stored_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    append_and_apply(&database, enqueue(1, "a", &[payload(1)]), false).await;
+    assert!(tree_holds(&database, &payload(1)));
+    assert_eq!(database.wal().pins_of(SHARD), SegmentRuns::new());
+    let reader = database.state_machine(SHARD, None).unwrap().reader();
+    assert_eq!(
+        reader.message("q", "a", 0).unwrap().unwrap().payload,
+        payload(1)
+    );
+}
+
+#[tokio::test]
+async fn both_forms_count_the_same_bytes_against_limits() {
+    let logged_dir = tempfile::tempdir().unwrap();
+    let inline_dir = tempfile::tempdir().unwrap();
+    let logged = Database::open(logged_dir.path()).unwrap();
+    let inline = Database::open(inline_dir.path()).unwrap();
+    append_and_apply(&logged, enqueue(1, "a", &[payload(1), payload(2)]), true).await;
+    append_and_apply(&inline, enqueue(1, "a", &[payload(1), payload(2)]), false).await;
+    let record = |database: &Database| {
+        let reader = database.state_machine(SHARD, None).unwrap().reader();
+        reader.producer("q", "a").unwrap().unwrap()
+    };
+    assert_eq!(record(&logged), record(&inline));
+    let digest = |database: &Database| {
+        let reader = database.state_machine(SHARD, None).unwrap().reader();
+        reader.digest().unwrap()
+    };
+    assert_eq!(
+        digest(&logged),
+        digest(&inline),
+        "replicas that stored different forms hold the same state"
+    );
+}
+
+#[tokio::test]
+async fn removed_run_unpins_its_segment_and_counts_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let database = Database::open(dir.path()).unwrap();
+        append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+        append_and_apply(&database, enqueue(2, "b", &[payload(2), payload(3)]), true).await;
+        append_and_apply(
+            &database,
+            ops(3, vec![Op::Remove(vec![message("a", 0)])]),
+            true,
+        )
+        .await;
+        database.sync().await.unwrap();
+        assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
+        database.close();
+    }
+    let database = Database::open(dir.path()).unwrap();
+    assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
+    append_and_apply(
+        &database,
+        ops(4, vec![Op::Remove(vec![message("b", 0), message("b", 1)])]),
+        true,
+    )
+    .await;
+    assert_eq!(database.wal().pins_of(SHARD), SegmentRuns::new());
+    let state_machine = database.state_machine(SHARD, None).unwrap();
+    let stored = state_machine
+        .reader()
+        .tree()
+        .get(keys::PAYLOAD_PINS)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        decode::<SegmentRuns>("pins", &stored).unwrap(),
+        SegmentRuns::new()
+    );
+}
+
+#[tokio::test]
+async fn dead_letter_of_a_logged_message_keeps_its_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+    let discard = Op::Discard(Discard {
+        at_ms: 1_700_000_000_001,
+        messages: vec![Discarded {
+            message: message("a", 0),
+            reason: DeadLetterReason::Rejected,
+            attempts: 1,
+            dead_letter: true,
+        }],
+    });
+    append_and_apply(&database, ops(2, vec![discard]), true).await;
+    let reader = database.state_machine(SHARD, None).unwrap().reader();
+    let (_, dead) = reader.dead_letters("q", 0, 10).unwrap().remove(0);
+    let kept: StoredMessage = decode("message", &dead.message).unwrap();
+    assert_eq!(kept.payload, payload(1));
+    assert_eq!(database.wal().pins_of(SHARD), SegmentRuns::new());
+}
+
+#[tokio::test]
+async fn snapshot_carries_payloads_to_a_replica_without_this_log() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let target_dir = tempfile::tempdir().unwrap();
+    let source = Database::open(source_dir.path()).unwrap();
+    append_and_apply(&source, enqueue(1, "a", &[payload(1), payload(2)]), true).await;
+    let mut builder = source
+        .state_machine(SHARD, None)
+        .unwrap()
+        .get_snapshot_builder()
+        .await;
+    let snapshot = builder.build_snapshot().await.unwrap();
+    let target = Database::open(target_dir.path()).unwrap();
+    let mut installer = target.state_machine(SHARD, None).unwrap();
+    installer
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    let reader = installer.reader();
+    assert_eq!(
+        reader.message("q", "a", 0).unwrap().unwrap().payload,
+        payload(1)
+    );
+    assert_eq!(
+        reader.message("q", "a", 1).unwrap().unwrap().payload,
+        payload(2)
+    );
+    assert_eq!(
+        reader.digest().unwrap(),
+        source
+            .state_machine(SHARD, None)
+            .unwrap()
+            .reader()
+            .digest()
+            .unwrap()
+    );
+    assert_eq!(target.wal().pins_of(SHARD), SegmentRuns::new());
+}
