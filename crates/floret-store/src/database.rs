@@ -23,9 +23,12 @@ use crate::{keys, records};
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes.
 pub const FORMAT_VERSION: u32 = 4;
-/// sled's page cache: large enough for the hot tail of every backlog, small
-/// enough that the backlog itself stays on disk (sled's own default is 1 GiB).
-pub const DEFAULT_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// sled's page cache. sled holds the per-producer index, counters and
+/// removal marks, not payloads (they stay in the raft log), so a small
+/// cache holds the hot part of a large backlog: a 1,000,000-message backlog
+/// drained at 25,400 msg/s with 16 MiB and 32,600 with 64 MiB, which cost
+/// 25 MiB more per node (BENCHMARKS, "scale").
+pub const DEFAULT_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// Key in sled's default tree that pins the shard count of a data dir.
 const SHARD_COUNT_KEY: &[u8] = b"shard_count";
 const PLACEMENT_KEY: &[u8] = b"placement";
