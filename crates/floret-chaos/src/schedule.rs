@@ -106,16 +106,17 @@ impl Schedule {
     /// The nodes' configuration for this schedule. Leases are short so a
     /// killed consumer's messages come back quickly; snapshots are frequent
     /// so rejoining nodes install them, except under power loss, whose
-    /// emulation needs a log that was never purged. Log segments are small
+    /// emulation needs a log that was never purged. Snapshots every 500
+    /// entries and small log segments make every shard purge within a run,
     /// so that segments are sealed, kept for the messages that point into
     /// them and deleted while faults are injected.
     pub fn config(self) -> String {
         let snapshot_every = match self {
             Schedule::PowerLoss => 1_000_000_000,
-            _ => 2_000,
+            _ => 500,
         };
         format!(
-            "[delivery]\nlease_timeout_ms = 3000\n\n[raft]\nsnapshot_every_entries = {snapshot_every}\nlogs_kept_after_snapshot = 500\n\n[storage]\nlog_segment_bytes = 262144\n"
+            "[delivery]\nlease_timeout_ms = 3000\n\n[raft]\nsnapshot_every_entries = {snapshot_every}\nlogs_kept_after_snapshot = 200\n\n[storage]\nlog_segment_bytes = 262144\n"
         )
     }
 

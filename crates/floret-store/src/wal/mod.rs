@@ -14,7 +14,7 @@
 //! postcard. An entry's record holds the entry without its messages'
 //! payloads; the payloads follow it raw, one after the other, so that a
 //! stored message can point at its payload here instead of copying it
-//! (write once, see [`crate::records::LoggedPayload`]).
+//! (write once, see [`crate::resting::LoggedPayload`]).
 //! A new segment starts when the active one passes [`SEGMENT_BYTES`], with a
 //! checkpoint of every shard's vote, commit mark and purge point, so an old
 //! segment is only needed for the entries and the payloads it holds; it is
@@ -70,6 +70,9 @@ const FRAME_HEADER: usize = 8;
 /// claims more, running past the end of the log, is a damaged length, not a
 /// torn write.
 pub const MAX_FRAME_BYTES: usize = SEGMENT_BYTES as usize;
+/// A shard with at most this many bytes of live entries in sealed segments
+/// has them copied forward rather than keep those segments.
+const CARRY_FORWARD_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Record {
@@ -313,6 +316,7 @@ impl Wal {
         let log = state.shards.entry(shard).or_default();
         log.entries = log.entries.split_off(&(upto.index + 1));
         log.last_purged = Some(upto);
+        Self::carry_forward_small_shards(&mut state)?;
         let oldest_needed = state
             .shards
             .values()
@@ -333,6 +337,52 @@ impl Wal {
                 fs::remove_file(segment_path(&self.dir, id))?;
             }
             File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Copies the live entries of every shard that holds little in sealed
+    /// segments (a shard with little traffic never snapshots, so it never
+    /// purges) into the active segment, so that its first entries do not
+    /// keep every later segment. Frames are copied as they are: an entry's
+    /// copy replays after the original and replaces it, and the original's
+    /// segment is deleted only after a sync.
+    fn carry_forward_small_shards(state: &mut WalState) -> io::Result<()> {
+        let active = state.active.id;
+        let small: Vec<ShardId> = state
+            .shards
+            .iter()
+            .filter(|(_, log)| {
+                log.entries
+                    .values()
+                    .next()
+                    .is_some_and(|l| l.segment < active)
+                    && log.entries.values().map(|l| u64::from(l.len)).sum::<u64>()
+                        <= CARRY_FORWARD_BYTES
+            })
+            .map(|(&shard, _)| shard)
+            .collect();
+        for shard in small {
+            let locations: Vec<Location> = state.shards[&shard].entries.values().copied().collect();
+            let mut buffer = Vec::new();
+            let mut moved = Vec::with_capacity(locations.len());
+            for location in locations {
+                let mut bytes = vec![0; location.len as usize];
+                state
+                    .file(location.segment)
+                    .read_exact_at(&mut bytes, location.offset)?;
+                moved.push(Location {
+                    segment: active,
+                    offset: state.active.len + buffer.len() as u64,
+                    ..location
+                });
+                buffer.extend_from_slice(&bytes);
+            }
+            state.write(&buffer)?;
+            let log = state.shards.get_mut(&shard).expect("listed above");
+            for location in moved {
+                log.entries.insert(location.log_id.index, location);
+            }
         }
         Ok(())
     }

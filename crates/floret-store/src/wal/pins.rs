@@ -1,14 +1,16 @@
 //! Which log segments still hold payloads of stored messages.
 //!
 //! A message's payload stays where the raft log wrote it (see
-//! [`crate::records::LoggedPayload`]), so a segment may go only once every
+//! [`crate::resting::LoggedPayload`]), so a segment may go only once every
 //! shard has purged its entries *and* no stored run points into it. After
 //! each apply a shard's state machine hands the log its count of runs per
-//! segment ([`Pins::set`]). Deletion trusts a segment to be free only if it
-//! was free when the last completed state-machine sync began
-//! ([`Pins::capture`], [`Pins::synced`]) and is free now: after a crash the
-//! runs on disk are the ones of that sync or later, and a purged segment
-//! gains no new runs.
+//! segment ([`Pins::set`]). sled writes to disk when it likes, so after a
+//! crash the runs on disk are those of the last completed state-machine
+//! sync or of any moment since. Deletion therefore trusts a segment to be
+//! free only if it was free when that sync began ([`Pins::capture`],
+//! [`Pins::synced`]) and is free now. A run added since that sync cannot
+//! be missed: it points into the segment that holds its own entry, and a
+//! purge releases an entry only after a sync that follows its apply.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment that a few old messages pin stays whole until they go:

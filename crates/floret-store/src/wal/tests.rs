@@ -234,3 +234,34 @@ fn segment_that_stored_messages_point_into_outlives_its_purge() {
         .unwrap_err();
     assert_eq!(gone.kind(), io::ErrorKind::NotFound);
 }
+
+#[test]
+fn shard_with_little_traffic_does_not_keep_every_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+        append(&wal, 1, 1..3);
+        for index in 1..20 {
+            append(&wal, 0, index..index + 1);
+        }
+        wal.sync().unwrap();
+        wal.purge(0, log_id(18)).unwrap();
+        assert!(
+            segments(dir.path()) <= 3,
+            "shard 1's two entries kept {} segments",
+            segments(dir.path())
+        );
+        assert_eq!(
+            metas(wal.read(1, ..).unwrap()),
+            vec![vec![1; 100], vec![2; 100]]
+        );
+        append(&wal, 1, 3..4);
+    }
+    let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+    assert_eq!(
+        metas(wal.read(1, ..).unwrap()),
+        vec![vec![1; 100], vec![2; 100], vec![3; 100]],
+        "the copies replay in place of the originals, and later entries stay"
+    );
+    assert_eq!(metas(wal.read(0, ..).unwrap()), vec![vec![19; 100]]);
+}
