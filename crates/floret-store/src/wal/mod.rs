@@ -30,8 +30,9 @@
 //! (see `WalState::failed`).
 //!
 //! Files: `segment.rs` (segment files and frames), `recovery.rs` (replaying
-//! a segment at open, torn write or corruption), `pins.rs` (segments that
-//! stored messages point into), `tests.rs`.
+//! a segment at open, torn write or corruption), `reading.rs` (entries and
+//! payloads read back), `retention.rs` (purges and which segments go),
+//! `pins.rs` (segments that stored messages point into), `tests.rs`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -42,8 +43,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::ops::RangeBounds;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,7 +52,9 @@ use serde::{Deserialize, Serialize};
 use crate::types::{LogId, NodeId, ShardId};
 
 mod pins;
+mod reading;
 mod recovery;
+mod retention;
 mod segment;
 
 use pins::Pins;
@@ -309,84 +310,6 @@ impl Wal {
         self.maybe_rotate(&mut state)
     }
 
-    /// Drops `shard`'s entries up to `upto` and deletes segments nobody needs any more.
-    pub fn purge(&self, shard: ShardId, upto: LogId) -> io::Result<()> {
-        let mut state = self.lock();
-        state.write(&frame(&Record::Purge { shard, upto }))?;
-        let log = state.shards.entry(shard).or_default();
-        log.entries = log.entries.split_off(&(upto.index + 1));
-        log.last_purged = Some(upto);
-        Self::carry_forward_small_shards(&mut state)?;
-        let oldest_needed = state
-            .shards
-            .values()
-            .filter_map(|log| log.entries.values().next().map(|l| l.segment))
-            .min()
-            .unwrap_or(state.active.id);
-        let obsolete: Vec<u64> = state
-            .sealed
-            .range(..oldest_needed)
-            .map(|(&id, _)| id)
-            .filter(|&id| !state.pins.is_pinned(id))
-            .collect();
-        if !obsolete.is_empty() {
-            // The purge record must be durable before the entries it drops vanish.
-            state.active.file.sync_data()?;
-            for id in obsolete {
-                state.sealed.remove(&id);
-                fs::remove_file(segment_path(&self.dir, id))?;
-            }
-            File::open(&self.dir)?.sync_all()?;
-        }
-        Ok(())
-    }
-
-    /// Copies the live entries of every shard that holds little in sealed
-    /// segments (a shard with little traffic never snapshots, so it never
-    /// purges) into the active segment, so that its first entries do not
-    /// keep every later segment. Frames are copied as they are: an entry's
-    /// copy replays after the original and replaces it, and the original's
-    /// segment is deleted only after a sync.
-    fn carry_forward_small_shards(state: &mut WalState) -> io::Result<()> {
-        let active = state.active.id;
-        let small: Vec<ShardId> = state
-            .shards
-            .iter()
-            .filter(|(_, log)| {
-                log.entries
-                    .values()
-                    .next()
-                    .is_some_and(|l| l.segment < active)
-                    && log.entries.values().map(|l| u64::from(l.len)).sum::<u64>()
-                        <= CARRY_FORWARD_BYTES
-            })
-            .map(|(&shard, _)| shard)
-            .collect();
-        for shard in small {
-            let locations: Vec<Location> = state.shards[&shard].entries.values().copied().collect();
-            let mut buffer = Vec::new();
-            let mut moved = Vec::with_capacity(locations.len());
-            for location in locations {
-                let mut bytes = vec![0; location.len as usize];
-                state
-                    .file(location.segment)
-                    .read_exact_at(&mut bytes, location.offset)?;
-                moved.push(Location {
-                    segment: active,
-                    offset: state.active.len + buffer.len() as u64,
-                    ..location
-                });
-                buffer.extend_from_slice(&bytes);
-            }
-            state.write(&buffer)?;
-            let log = state.shards.get_mut(&shard).expect("listed above");
-            for location in moved {
-                log.entries.insert(location.log_id.index, location);
-            }
-        }
-        Ok(())
-    }
-
     /// `shard`'s (last purged, last) log ids.
     pub fn log_state(&self, shard: ShardId) -> (Option<LogId>, Option<LogId>) {
         let state = self.lock();
@@ -410,119 +333,6 @@ impl Wal {
     /// `shard`'s last saved commit mark.
     pub fn committed(&self, shard: ShardId) -> Option<LogId> {
         self.lock().shards.get(&shard).and_then(|log| log.committed)
-    }
-
-    /// Encoded entries of `shard` in `range`, in index order.
-    pub fn read(
-        &self,
-        shard: ShardId,
-        range: impl RangeBounds<u64>,
-    ) -> io::Result<Vec<EncodedEntry>> {
-        let (locations, files) = {
-            let state = self.lock();
-            let Some(log) = state.shards.get(&shard) else {
-                return Ok(Vec::new());
-            };
-            let locations: Vec<Location> = log.entries.range(range).map(|(_, l)| *l).collect();
-            let files: HashMap<u64, Arc<File>> = locations
-                .iter()
-                .map(|l| (l.segment, state.file(l.segment)))
-                .collect();
-            (locations, files)
-        };
-        locations
-            .into_iter()
-            .map(|location| {
-                let mut bytes = vec![0; location.len as usize];
-                files[&location.segment].read_exact_at(&mut bytes, location.offset)?;
-                let (record, mut payloads) =
-                    postcard::take_from_bytes::<Record>(&bytes[FRAME_HEADER..])
-                        .map_err(io::Error::other)?;
-                let Record::Entry {
-                    entry,
-                    payload_lens,
-                    ..
-                } = record
-                else {
-                    return Err(io::Error::other(format!(
-                        "expected an entry at {location:?}, found {record:?}"
-                    )));
-                };
-                let mut split = Vec::with_capacity(payload_lens.len());
-                for len in payload_lens {
-                    let Some((payload, rest)) = payloads.split_at_checked(len as usize) else {
-                        return Err(io::Error::other(format!(
-                            "the entry at {location:?} lists more payload bytes than its frame holds"
-                        )));
-                    };
-                    split.push(payload.to_vec());
-                    payloads = rest;
-                }
-                Ok(EncodedEntry {
-                    meta: entry,
-                    payloads: split,
-                })
-            })
-            .collect()
-    }
-
-    /// Where the payloads of `shard`'s entry `log_id` lie, if the log holds
-    /// that entry and it is durable (a stored message may point only at
-    /// bytes a crash cannot take back).
-    pub fn payload_section(&self, shard: ShardId, log_id: LogId) -> Option<PayloadSection> {
-        let state = self.lock();
-        let location = state.shards.get(&shard)?.entries.get(&log_id.index)?;
-        let durable = location.segment != state.active.id
-            || location.offset + u64::from(location.len) <= state.synced_len;
-        (location.log_id == log_id && durable).then_some(PayloadSection {
-            segment: location.segment,
-            offset: location.offset + u64::from(location.payloads_at),
-        })
-    }
-
-    /// The `len` bytes at `offset` of `segment`: a payload a stored message points at.
-    pub fn read_payload(&self, segment: u64, offset: u64, len: u32) -> io::Result<Vec<u8>> {
-        let file = {
-            let state = self.lock();
-            if segment == state.active.id {
-                state.active.file.clone()
-            } else {
-                state.sealed.get(&segment).cloned().ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("raft log segment {segment} holds a stored payload but is gone"),
-                    )
-                })?
-            }
-        };
-        let mut payload = vec![0; len as usize];
-        file.read_exact_at(&mut payload, offset)?;
-        Ok(payload)
-    }
-
-    /// Records how many of `shard`'s stored runs point into each segment.
-    pub fn set_pins(&self, shard: ShardId, runs: SegmentRuns) {
-        self.lock().pins.set(shard, runs);
-    }
-
-    /// `shard`'s runs per segment as its last apply left them.
-    pub fn pins_of(&self, shard: ShardId) -> SegmentRuns {
-        self.lock().pins.of(shard)
-    }
-
-    /// Takes the counts read from disk at open, for every shard.
-    pub fn load_pins(&self, per_shard: HashMap<ShardId, SegmentRuns>) {
-        self.lock().pins = Pins::loaded(per_shard);
-    }
-
-    /// The counts as a state-machine sync begins.
-    pub fn capture_pins(&self) -> PinCapture {
-        self.lock().pins.capture()
-    }
-
-    /// The sync that began with `capture` made the state machines durable.
-    pub fn pins_synced(&self, capture: PinCapture) {
-        self.lock().pins.synced(capture);
     }
 
     /// Makes everything appended so far durable.

@@ -1,0 +1,118 @@
+//! Which segments go: a purge drops a shard's entries, copies a quiet
+//! shard's few entries forward, and deletes every sealed segment that no
+//! shard's entries and no stored message need any more (`pins.rs`).
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use super::pins::{PinCapture, Pins, SegmentRuns};
+use super::segment::{frame, segment_path};
+use super::{CARRY_FORWARD_BYTES, Location, Record, Wal, WalState};
+use crate::types::{LogId, ShardId};
+
+impl Wal {
+    /// Drops `shard`'s entries up to `upto` and deletes segments nobody needs any more.
+    pub fn purge(&self, shard: ShardId, upto: LogId) -> io::Result<()> {
+        let mut state = self.lock();
+        state.write(&frame(&Record::Purge { shard, upto }))?;
+        let log = state.shards.entry(shard).or_default();
+        log.entries = log.entries.split_off(&(upto.index + 1));
+        log.last_purged = Some(upto);
+        Self::carry_forward_small_shards(&mut state)?;
+        let oldest_needed = state
+            .shards
+            .values()
+            .filter_map(|log| log.entries.values().next().map(|l| l.segment))
+            .min()
+            .unwrap_or(state.active.id);
+        let obsolete: Vec<u64> = state
+            .sealed
+            .range(..oldest_needed)
+            .map(|(&id, _)| id)
+            .filter(|&id| !state.pins.is_pinned(id))
+            .collect();
+        if !obsolete.is_empty() {
+            // The purge record must be durable before the entries it drops vanish.
+            state.active.file.sync_data()?;
+            for id in obsolete {
+                state.sealed.remove(&id);
+                fs::remove_file(segment_path(&self.dir, id))?;
+            }
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Copies the live entries of every shard that holds little in sealed
+    /// segments (a shard with little traffic never snapshots, so it never
+    /// purges) into the active segment, so that its first entries do not
+    /// keep every later segment. Frames are copied as they are: an entry's
+    /// copy replays after the original and replaces it, and the original's
+    /// segment is deleted only after a sync.
+    fn carry_forward_small_shards(state: &mut WalState) -> io::Result<()> {
+        let active = state.active.id;
+        let small: Vec<ShardId> = state
+            .shards
+            .iter()
+            .filter(|(_, log)| {
+                log.entries
+                    .values()
+                    .next()
+                    .is_some_and(|l| l.segment < active)
+                    && log.entries.values().map(|l| u64::from(l.len)).sum::<u64>()
+                        <= CARRY_FORWARD_BYTES
+            })
+            .map(|(&shard, _)| shard)
+            .collect();
+        for shard in small {
+            let locations: Vec<Location> = state.shards[&shard].entries.values().copied().collect();
+            let mut buffer = Vec::new();
+            let mut moved = Vec::with_capacity(locations.len());
+            for location in locations {
+                let mut bytes = vec![0; location.len as usize];
+                state
+                    .file(location.segment)
+                    .read_exact_at(&mut bytes, location.offset)?;
+                moved.push(Location {
+                    segment: active,
+                    offset: state.active.len + buffer.len() as u64,
+                    ..location
+                });
+                buffer.extend_from_slice(&bytes);
+            }
+            state.write(&buffer)?;
+            let log = state.shards.get_mut(&shard).expect("listed above");
+            for location in moved {
+                log.entries.insert(location.log_id.index, location);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records how many of `shard`'s stored runs point into each segment.
+    pub fn set_pins(&self, shard: ShardId, runs: SegmentRuns) {
+        self.lock().pins.set(shard, runs);
+    }
+
+    /// `shard`'s runs per segment as its last apply left them.
+    pub fn pins_of(&self, shard: ShardId) -> SegmentRuns {
+        self.lock().pins.of(shard)
+    }
+
+    /// Takes the counts read from disk at open, for every shard.
+    pub fn load_pins(&self, per_shard: HashMap<ShardId, SegmentRuns>) {
+        self.lock().pins = Pins::loaded(per_shard);
+    }
+
+    /// The counts as a state-machine sync begins.
+    pub fn capture_pins(&self) -> PinCapture {
+        self.lock().pins.capture()
+    }
+
+    /// The sync that began with `capture` made the state machines durable.
+    pub fn pins_synced(&self, capture: PinCapture) {
+        self.lock().pins.synced(capture);
+    }
+}
