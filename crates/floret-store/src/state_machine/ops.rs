@@ -9,7 +9,7 @@ use std::ops::Bound;
 use crate::keys;
 use crate::policy::{Overflow, Policy};
 use crate::records::{DeadLetterRecord, ProducedBatch, StoredMessage, decode, encode};
-use crate::resting::{self, RestingPayload};
+use crate::resting::{self, LoggedPayload, RestingPayload};
 use crate::runs;
 use crate::storage_error;
 use crate::types::{
@@ -52,7 +52,12 @@ impl PendingApply<'_> {
         let mut added_bytes = 0;
         for (message, logged) in enqueue.messages.iter().zip(logged) {
             let payload = match logged {
-                Some(logged) => RestingPayload::Logged(logged),
+                Some(at) => RestingPayload::Logged(LoggedPayload {
+                    segment: at.segment,
+                    offset: at.offset,
+                    len: message.payload.len() as u32,
+                    crc: crc32fast::hash(&message.payload),
+                }),
                 None => RestingPayload::Inline(&message.payload),
             };
             let value = resting::encode_resting(payload, &message.headers, enqueue.enqueued_at_ms);

@@ -12,7 +12,7 @@ use crate::keys;
 use crate::policy::Policy;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducerRecord, encode};
-use crate::resting::{self, LoggedPayload};
+use crate::resting;
 use crate::runs::{self, Removed, Run};
 use crate::storage_error;
 use crate::types::{NewMessage, ShardId, StorageError};
@@ -108,24 +108,19 @@ impl<'a> PendingApply<'a> {
     }
 
     /// Where each of `messages` (the next payloads of the entry, in its
-    /// order) lies in the log, if the entry's payloads are logged.
+    /// order) starts in the log, if the entry's payloads are logged. Every
+    /// enqueue takes its payloads' places, even one that stores nothing.
     pub(super) fn logged_payloads(
         &mut self,
         messages: &[NewMessage],
-    ) -> Vec<Option<LoggedPayload>> {
+    ) -> Vec<Option<PayloadSection>> {
         messages
             .iter()
             .map(|message| {
                 let section = self.payloads.as_mut()?;
-                let len = message.payload.len() as u32;
-                let logged = LoggedPayload {
-                    segment: section.segment,
-                    offset: section.offset,
-                    len,
-                    crc: crc32fast::hash(&message.payload),
-                };
-                section.offset += u64::from(len);
-                Some(logged)
+                let start = *section;
+                section.offset += message.payload.len() as u64;
+                Some(start)
             })
             .collect()
     }
@@ -383,8 +378,10 @@ impl<'a> PendingApply<'a> {
         for (key, touched) in std::mem::take(&mut self.runs) {
             let marks_key = keys::removed(&key);
             let is_new = matches!(touched.run.as_bytes(), RunBytes::New(_));
-            if touched.removed.all() != is_new {
-                self.pin(&touched.run, is_new)?;
+            let written = is_new && !touched.removed.all();
+            let deleted = !is_new && touched.removed.all();
+            if written || deleted {
+                self.pin(&touched.run, written)?;
             }
             let new_run = match touched.run.into_bytes() {
                 RunBytes::New(bytes) => Some(bytes),
@@ -423,9 +420,7 @@ impl<'a> PendingApply<'a> {
         self.changes
             .write(self.reader.tree())
             .map_err(storage_error::write_state_machine)?;
-        if self.pins_changed {
-            self.reader.log().set_pins(self.shard, self.pins);
-        }
+        self.reader.log().set_pins(self.shard, self.pins);
         for (before, after) in changed_totals {
             self.reader.totals().changed(before, after);
         }

@@ -10,7 +10,11 @@
 //! free only if it was free when that sync began ([`Pins::capture`],
 //! [`Pins::synced`]) and is free now. A run added since that sync cannot
 //! be missed: it points into the segment that holds its own entry, and a
-//! purge releases an entry only after a sync that follows its apply.
+//! purge releases an entry only after a sync that follows its apply. An
+//! apply in progress has not counted its runs yet, and a quiet shard's
+//! entries may be copied forward out of their segment meanwhile, so every
+//! segment an apply looked payloads up in stays until that shard's next
+//! [`Pins::set`] ([`Pins::in_apply`]).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment that a few old messages pin stays whole until they go:
@@ -34,6 +38,8 @@ pub struct PinCapture {
 #[derive(Debug, Default)]
 pub(crate) struct Pins {
     current: HashMap<ShardId, SegmentRuns>,
+    /// Segments each shard's apply in progress took payload sections from.
+    applying: HashMap<ShardId, Vec<u64>>,
     /// Totals as of the start of the last completed sync.
     durable: SegmentRuns,
     /// Generation of the capture `durable` came from.
@@ -57,9 +63,19 @@ impl Pins {
         self.current.get(&shard).cloned().unwrap_or_default()
     }
 
-    /// Replaces `shard`'s counts (segments with no run left are absent).
+    /// Replaces `shard`'s counts (segments with no run left are absent),
+    /// once its apply has written them: the apply is over.
     pub(crate) fn set(&mut self, shard: ShardId, runs: SegmentRuns) {
         self.current.insert(shard, runs);
+        self.applying.remove(&shard);
+    }
+
+    /// `shard`'s apply in progress may store runs pointing into `segment`.
+    pub(crate) fn in_apply(&mut self, shard: ShardId, segment: u64) {
+        let segments = self.applying.entry(shard).or_default();
+        if !segments.contains(&segment) {
+            segments.push(segment);
+        }
     }
 
     /// The counts now, taken before a sync writes the state machines out.
@@ -83,6 +99,10 @@ impl Pins {
     /// Whether any run, in memory or as of the last sync, points into `segment`.
     pub(crate) fn is_pinned(&self, segment: u64) -> bool {
         self.durable.get(&segment).is_some_and(|&runs| runs > 0)
+            || self
+                .applying
+                .values()
+                .any(|segments| segments.contains(&segment))
             || self
                 .current
                 .values()
@@ -146,6 +166,17 @@ mod tests {
             !pins.is_pinned(2),
             "the later sync already made the run's removal durable"
         );
+    }
+
+    #[test]
+    fn segment_an_apply_took_payloads_from_stays_until_it_counts_its_runs() {
+        let mut pins = Pins::default();
+        pins.in_apply(2, 4);
+        let capture = pins.capture();
+        pins.synced(capture);
+        assert!(pins.is_pinned(4), "the apply's runs are not counted yet");
+        pins.set(2, SegmentRuns::new());
+        assert!(!pins.is_pinned(4));
     }
 
     #[test]

@@ -26,7 +26,7 @@ impl Wal {
             let locations: Vec<Location> = log.entries.range(range).map(|(_, l)| *l).collect();
             let files: HashMap<u64, Arc<File>> = locations
                 .iter()
-                .map(|l| (l.segment, state.file(l.segment)))
+                .map(|l| (l.segment, state.file_of_live_entry(l.segment)))
                 .collect();
             (locations, files)
         };
@@ -68,13 +68,18 @@ impl Wal {
 
     /// Where the payloads of `shard`'s entry `log_id` lie, if the log holds
     /// that entry and it is durable (a stored message may point only at
-    /// bytes a crash cannot take back).
+    /// bytes a crash cannot take back). For the apply that asks: the
+    /// segment stays until the shard's next [`Wal::set_pins`].
     pub fn payload_section(&self, shard: ShardId, log_id: LogId) -> Option<PayloadSection> {
-        let state = self.lock();
-        let location = state.shards.get(&shard)?.entries.get(&log_id.index)?;
+        let mut state = self.lock();
+        let location = *state.shards.get(&shard)?.entries.get(&log_id.index)?;
         let durable = location.segment != state.active.id
             || location.offset + u64::from(location.len) <= state.synced_len;
-        (location.log_id == log_id && durable).then_some(PayloadSection {
+        if location.log_id != log_id || !durable {
+            return None;
+        }
+        state.pins.in_apply(shard, location.segment);
+        Some(PayloadSection {
             segment: location.segment,
             offset: location.offset + u64::from(location.payloads_at),
         })
@@ -82,19 +87,12 @@ impl Wal {
 
     /// The `len` bytes at `offset` of `segment`: a payload a stored message points at.
     pub fn read_payload(&self, segment: u64, offset: u64, len: u32) -> io::Result<Vec<u8>> {
-        let file = {
-            let state = self.lock();
-            if segment == state.active.id {
-                state.active.file.clone()
-            } else {
-                state.sealed.get(&segment).cloned().ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("raft log segment {segment} holds a stored payload but is gone"),
-                    )
-                })?
-            }
-        };
+        let file = self.lock().file(segment).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("raft log segment {segment} holds a stored payload but is gone"),
+            )
+        })?;
         let mut payload = vec![0; len as usize];
         file.read_exact_at(&mut payload, offset)?;
         Ok(payload)

@@ -73,7 +73,7 @@ impl Wal {
             for location in locations {
                 let mut bytes = vec![0; location.len as usize];
                 state
-                    .file(location.segment)
+                    .file_of_live_entry(location.segment)
                     .read_exact_at(&mut bytes, location.offset)?;
                 moved.push(Location {
                     segment: active,

@@ -89,11 +89,18 @@ impl WalState {
         Ok(())
     }
 
-    pub(super) fn file(&self, segment: u64) -> Arc<File> {
+    /// The file of `segment`, if it was not deleted.
+    pub(super) fn file(&self, segment: u64) -> Option<Arc<File>> {
         if segment == self.active.id {
-            self.active.file.clone()
+            Some(self.active.file.clone())
         } else {
-            self.sealed[&segment].clone()
+            self.sealed.get(&segment).cloned()
         }
+    }
+
+    /// The file of a segment that holds a live entry, which is never deleted.
+    pub(super) fn file_of_live_entry(&self, segment: u64) -> Arc<File> {
+        self.file(segment)
+            .expect("a segment with live entries is never deleted")
     }
 }

@@ -265,3 +265,40 @@ fn shard_with_little_traffic_does_not_keep_every_segment() {
     );
     assert_eq!(metas(wal.read(0, ..).unwrap()), vec![vec![19; 100]]);
 }
+
+#[test]
+fn segment_an_apply_reads_payloads_from_survives_its_entry_being_copied_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+    let payload = [9u8; 50];
+    wal.append(1, vec![(log_id(1), with_payloads(1, &[&payload]))])
+        .unwrap();
+    wal.sync().unwrap();
+    let section = wal.payload_section(1, log_id(1)).unwrap();
+    for index in 1..20 {
+        append(&wal, 0, index..index + 1);
+    }
+    wal.sync().unwrap();
+    wal.purge(0, log_id(18)).unwrap();
+    wal.sync().unwrap();
+    assert_ne!(
+        wal.payload_section(1, log_id(1)).unwrap().segment,
+        section.segment,
+        "the quiet shard's entry was copied forward"
+    );
+    assert_eq!(
+        wal.read_payload(section.segment, section.offset, 50)
+            .unwrap(),
+        payload,
+        "the apply that looked it up has not counted its run yet"
+    );
+    wal.set_pins(1, SegmentRuns::from([(section.segment, 1)]));
+    let capture = wal.capture_pins();
+    wal.pins_synced(capture);
+    append(&wal, 0, 20..21);
+    wal.purge(0, log_id(19)).unwrap();
+    assert!(
+        wal.read_payload(section.segment, section.offset, 50)
+            .is_ok()
+    );
+}
