@@ -29,6 +29,7 @@
 //! - Every value is written twice (in the redo record and on its own key).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +71,42 @@ impl ChangeSet {
     /// `Some(None)` deletes it, `None` leaves it alone.
     pub(crate) fn pending(&self, key: &[u8]) -> Option<Option<&[u8]>> {
         self.changes.get(key).map(Option::as_deref)
+    }
+
+    /// Sets `key` to `value`, or deletes it when `value` is None.
+    pub(crate) fn set(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.changes.insert(key, value);
+    }
+
+    /// Drops whatever this set does to `key`.
+    pub(crate) fn forget(&mut self, key: &[u8]) {
+        self.changes.remove(key);
+    }
+
+    /// Every change, in key order.
+    pub(crate) fn into_changes(self) -> impl Iterator<Item = (Vec<u8>, Option<Vec<u8>>)> {
+        self.changes.into_iter()
+    }
+
+    /// Whether the set changes nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Bytes of its keys and values.
+    pub(crate) fn bytes(&self) -> usize {
+        self.encoded_len_at_least()
+    }
+
+    /// The changes to keys in `(from, to)`, in key order.
+    pub(crate) fn range<'s>(
+        &'s self,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+    ) -> impl DoubleEndedIterator<Item = (&'s [u8], Option<&'s [u8]>)> + use<'s> {
+        self.changes
+            .range::<[u8], _>((from, to))
+            .map(|(key, value)| (key.as_slice(), value.as_deref()))
     }
 
     /// Writes every change to `tree` so that a crash keeps all or none.

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use crate::change_set::ChangeSetError;
 use crate::durability::StateMachineDurability;
 use crate::flusher::Flusher;
 use crate::log_store::LogStore;
+use crate::shard_tree::ShardTree;
 use crate::state_machine::{AppliedListener, StateMachine};
 use crate::types::ShardId;
 use crate::wal::{SegmentRuns, Wal};
@@ -212,13 +214,32 @@ impl Database {
     }
 
     /// State machine of one shard, reporting what it applies to `events`.
+    /// Every state machine of a shard shares its tree and unwritten changes.
     pub fn state_machine(
         &self,
         shard: ShardId,
         events: Option<AppliedListener>,
     ) -> Result<StateMachine, sled::Error> {
+        let tree = self.state_machines.shard_tree(shard, || {
+            let (tree, completed) = ShardTree::open(
+                self.db.open_tree(format!("shard-{shard}.sm"))?,
+            )
+            .map_err(|error| match error {
+                ChangeSetError::Sled(error) => error,
+                redo => {
+                    sled::Error::Io(io::Error::new(io::ErrorKind::InvalidData, redo.to_string()))
+                }
+            })?;
+            if completed {
+                tracing::info!(
+                    shard,
+                    "completed a write to the state machine a crash interrupted"
+                );
+            }
+            Ok(tree)
+        })?;
         StateMachine::open(
-            &self.db,
+            tree,
             self.wal.clone(),
             shard,
             &self.dir.join("snapshots"),

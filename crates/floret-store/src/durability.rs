@@ -1,9 +1,10 @@
 //! Making the state machines durable on demand.
 //!
-//! The raft log is the source of truth: state-machine writes go to sled and
-//! reach the disk lazily, and a restart re-applies the log from the last
-//! applied id. Before log entries are purged (after a snapshot) the state
-//! machines must be on disk for real. sled's `flush()` is not an fsync on
+//! The raft log is the source of truth: applied changes wait in memory
+//! (`shard_tree.rs`), go to sled and reach the disk lazily, and a restart
+//! re-applies the log from the last applied id. Before log entries are
+//! purged (after a snapshot) the state machines must be on disk for real:
+//! a sync writes every shard's unwritten changes out to sled first. sled's `flush()` is not an fsync on
 //! Linux (it uses `sync_file_range`) and sled never syncs the blob files it
 //! writes for values over 128 KiB, so this follows the flush with
 //! `fdatasync` of the database file, of every new blob file, and of the
@@ -13,19 +14,23 @@
 //! disk still point into: the counts taken as the sync began hold for what
 //! it wrote (see `wal/pins.rs`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::shard_tree::ShardTree;
+use crate::types::ShardId;
 use crate::wal::Wal;
 
 /// Cheap handle that syncs the node's sled database for real.
 #[derive(Clone)]
 pub struct StateMachineDurability {
     db: sled::Db,
+    /// Every shard's tree, whose unwritten changes a sync writes out first.
+    trees: Arc<Mutex<HashMap<ShardId, Arc<ShardTree>>>>,
     files: Arc<Mutex<DurableFiles>>,
     log: Arc<Wal>,
 }
@@ -36,14 +41,43 @@ impl StateMachineDurability {
     pub fn new(db: sled::Db, dir: &Path, log: Arc<Wal>) -> io::Result<Self> {
         Ok(Self {
             db,
+            trees: Arc::default(),
             files: Arc::new(Mutex::new(DurableFiles::open(dir)?)),
             log,
         })
     }
 
-    /// Blocks until everything written to the state machines so far is on disk.
+    /// The tree of `shard`, opened by `open` the first time it is asked for.
+    pub(crate) fn shard_tree(
+        &self,
+        shard: ShardId,
+        open: impl FnOnce() -> sled::Result<ShardTree>,
+    ) -> sled::Result<Arc<ShardTree>> {
+        let mut trees = self
+            .trees
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(tree) = trees.get(&shard) {
+            return Ok(tree.clone());
+        }
+        let tree = Arc::new(open()?);
+        trees.insert(shard, tree.clone());
+        Ok(tree)
+    }
+
+    /// Blocks until everything applied to the state machines so far is on disk.
     pub fn sync(&self) -> io::Result<()> {
         let pins = self.log.capture_pins();
+        let trees: Vec<Arc<ShardTree>> = self
+            .trees
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for tree in trees {
+            tree.write_out().map_err(io::Error::other)?;
+        }
         self.db.flush().map_err(io::Error::other)?;
         self.files
             .lock()

@@ -33,6 +33,7 @@ mod reader;
 pub mod records;
 mod resting;
 mod runs;
+mod shard_tree;
 mod snapshot;
 mod state_machine;
 mod storage_error;

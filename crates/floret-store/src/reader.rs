@@ -13,6 +13,7 @@ use crate::policy::{Policy, PolicyTable};
 use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessage, decode};
 use crate::resting;
 use crate::runs;
+use crate::shard_tree::ShardTree;
 use crate::storage_error;
 use crate::types::StorageError;
 use crate::wal::Wal;
@@ -20,7 +21,7 @@ use crate::wal::Wal;
 /// A cheap handle on a shard's state-machine tree.
 #[derive(Clone)]
 pub struct ShardReader {
-    tree: sled::Tree,
+    tree: Arc<ShardTree>,
     /// The node's raft log, where logged payloads lie.
     log: Arc<Wal>,
     policies: Arc<RwLock<PolicyTable>>,
@@ -91,7 +92,7 @@ pub struct ProducerEntry {
 
 impl ShardReader {
     /// A reader of `tree`, with the policies it stores loaded.
-    pub(crate) fn new(tree: sled::Tree, log: Arc<Wal>) -> Result<Self, StorageError> {
+    pub(crate) fn new(tree: Arc<ShardTree>, log: Arc<Wal>) -> Result<Self, StorageError> {
         let policies = Self::load_policies(&tree)?;
         let delays = Self::load_delays(&tree)?;
         let reader = Self {
@@ -105,9 +106,9 @@ impl ShardReader {
         Ok(reader)
     }
 
-    fn load_delays(tree: &sled::Tree) -> Result<HashMap<Vec<u8>, i64>, StorageError> {
+    fn load_delays(tree: &ShardTree) -> Result<HashMap<Vec<u8>, i64>, StorageError> {
         let mut delays = HashMap::new();
-        for item in tree.scan_prefix([keys::DELAY_TAG]) {
+        for item in tree.scan_prefix(&[keys::DELAY_TAG]) {
             let (key, value) = item.map_err(storage_error::read_state_machine)?;
             let deliver_at: i64 =
                 decode("delivery time", &value).map_err(storage_error::read_state_machine)?;
@@ -166,10 +167,10 @@ impl ShardReader {
         &self.totals
     }
 
-    fn load_policies(tree: &sled::Tree) -> Result<PolicyTable, StorageError> {
+    fn load_policies(tree: &ShardTree) -> Result<PolicyTable, StorageError> {
         let mut table = PolicyTable::default();
         for tag in [keys::QUEUE_POLICY_TAG, keys::PRODUCER_POLICY_TAG] {
-            for item in tree.scan_prefix([tag]) {
+            for item in tree.scan_prefix(&[tag]) {
                 let (key, value) = item.map_err(storage_error::read_state_machine)?;
                 let (queue, producer) = keys::parse_policy(&key).ok_or_else(|| {
                     storage_error::read_state_machine(std::io::Error::other("malformed policy key"))
@@ -230,7 +231,7 @@ impl ShardReader {
         let mut found = Vec::new();
         for item in self
             .tree
-            .range(keys::dead_letter(queue, from)..)
+            .range_from(&keys::dead_letter(queue, from))
             .take(limit)
         {
             let (key, value) = item.map_err(storage_error::read_state_machine)?;
@@ -245,7 +246,7 @@ impl ShardReader {
         Ok(found)
     }
 
-    pub(crate) fn tree(&self) -> &sled::Tree {
+    pub(crate) fn tree(&self) -> &ShardTree {
         &self.tree
     }
 
@@ -305,8 +306,8 @@ impl ShardReader {
     ) -> Result<Option<StoredMessage>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
         let key = keys::message(queue, producer, sequence);
-        let Some((run_key, run)) = runs::last_in(&self.tree, prefix.as_slice()..=key.as_slice())
-            .map_err(storage_error::read_state_machine)?
+        let Some((run_key, run)) =
+            runs::last_in(&self.tree, &prefix, &key).map_err(storage_error::read_state_machine)?
         else {
             return Ok(None);
         };
@@ -327,7 +328,7 @@ impl ShardReader {
     ) -> Result<Option<(u64, StoredMessage)>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
         let from_key = keys::message(queue, producer, from);
-        let holding = runs::last_in(&self.tree, prefix.as_slice()..=from_key.as_slice())
+        let holding = runs::last_in(&self.tree, &prefix, &from_key)
             .map_err(storage_error::read_state_machine)?;
         let mut next = match holding {
             Some(found) => Some(found),
@@ -358,7 +359,7 @@ impl ShardReader {
 
     /// Every producer of the shard, in key order.
     pub fn producers(&self) -> impl Iterator<Item = Result<ProducerEntry, StorageError>> + '_ {
-        self.tree.scan_prefix([keys::PRODUCER_TAG]).map(|item| {
+        self.tree.scan_prefix(&[keys::PRODUCER_TAG]).map(|item| {
             let (key, value) = item.map_err(storage_error::read_state_machine)?;
             let (queue, producer) = keys::parse_producer(&key).ok_or_else(|| {
                 storage_error::read_state_machine(std::io::Error::other("malformed producer key"))

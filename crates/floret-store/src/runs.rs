@@ -34,9 +34,8 @@
 //!   version of their own: every node of a cluster must run the same data
 //!   format.
 
-use std::ops::RangeInclusive;
-
 use crate::keys;
+use crate::shard_tree::ShardTree;
 
 /// Most bytes of encoded messages a run holds: a produce call larger than
 /// this is stored as several runs. sled splits its leaves by entry count
@@ -226,7 +225,7 @@ impl Removed {
 
 /// Reads a message out of `run` stored at `run_key`, unless it is removed.
 pub(crate) fn live_message<'r>(
-    tree: &sled::Tree,
+    tree: &ShardTree,
     run_key: &[u8],
     run: &'r Run<sled::IVec>,
     index: usize,
@@ -239,26 +238,25 @@ pub(crate) fn live_message<'r>(
     Ok((!removed.contains(index)).then_some(message))
 }
 
-/// The stored run whose key is the greatest in `keys` (a range within one
-/// producer's message keys): the one that may hold the range's last sequence.
+/// The stored run whose key is the greatest in `from..=to` (a range within
+/// one producer's message keys): the one that may hold `to`'s sequence.
 pub(crate) fn last_in(
-    tree: &sled::Tree,
-    keys: RangeInclusive<&[u8]>,
+    tree: &ShardTree,
+    from: &[u8],
+    to: &[u8],
 ) -> Result<Option<(sled::IVec, Run<sled::IVec>)>, RunStoreError> {
-    tree.range::<&[u8], _>(keys)
-        .next_back()
-        .transpose()?
+    tree.last_in(from, to)?
         .map(|(key, value)| Ok((key, Run::parse(value)?)))
         .transpose()
 }
 
 /// The first stored run with a key at or after `from` that begins with `prefix`.
 pub(crate) fn first_from(
-    tree: &sled::Tree,
+    tree: &ShardTree,
     from: &[u8],
     prefix: &[u8],
 ) -> Result<Option<(sled::IVec, Run<sled::IVec>)>, RunStoreError> {
-    let Some((key, value)) = tree.range(from..).next().transpose()? else {
+    let Some((key, value)) = tree.range_from(from).next().transpose()? else {
         return Ok(None);
     };
     if !key.starts_with(prefix) {

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::keys;
 use crate::records::{decode, encode};
 use crate::resting::{self, RestingError};
+use crate::shard_tree::ShardTree;
 use crate::types::{NodeId, ShardId};
 use crate::wal::Wal;
 
@@ -44,7 +45,7 @@ impl TreeImage {
     /// payloads read back from `log` and inline, since a replica that
     /// installs the image has no copy of this node's log; this node's own
     /// segment counts left out.
-    pub(crate) fn capture(tree: &sled::Tree, log: &Wal) -> Result<Self, CaptureError> {
+    pub(crate) fn capture(tree: &ShardTree, log: &Wal) -> Result<Self, CaptureError> {
         let mut pairs = Vec::new();
         for item in tree.iter() {
             let (key, value) = item?;

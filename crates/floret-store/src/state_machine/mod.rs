@@ -1,6 +1,8 @@
 //! openraft's state machine for one shard: per-producer queues in one sled
-//! tree, so each `apply` call is one crash-atomic [`ChangeSet`] (messages,
-//! producer records, last applied log id and membership together).
+//! tree. Each `apply` call's changes (messages, producer records, last
+//! applied log id and membership) are one set, merged into the shard's
+//! unwritten changes and written to sled with them, crash-atomically (see
+//! `shard_tree.rs`).
 //!
 //! Applying is deterministic: the leader chose the commit time, and the only
 //! replies are computed from the replicated state. A sled error is not
@@ -20,8 +22,9 @@
 //! node's dispatcher learns of new messages without polling.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - `apply` does not flush: after a crash openraft re-applies from the last
-//!   applied id up to the committed one it saved in the log store.
+//! - `apply` does not flush, and writes to sled only every so many bytes
+//!   of changes: after a crash openraft re-applies from the last applied
+//!   id sled holds up to the committed one it saved in the log store.
 //! - A producer whose idle counters were forgotten starts again at sequence
 //!   0 and its last idempotency sequence is gone: retries are deduplicated
 //!   only within the idle time.
@@ -42,10 +45,10 @@ use std::sync::Arc;
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
 
-use crate::change_set::{ChangeSet, ChangeSetError};
 use crate::keys;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, encode};
+use crate::shard_tree::ShardTree;
 use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
@@ -115,26 +118,15 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
-    /// Opens the state-machine tree of `shard`, whose logged payloads lie
-    /// in `log`; its snapshots go to `snapshot_dir`.
+    /// The state machine of `shard` over its `tree`, whose logged payloads
+    /// lie in `log`; its snapshots go to `snapshot_dir`.
     pub(crate) fn open(
-        db: &sled::Db,
+        tree: Arc<ShardTree>,
         log: Arc<Wal>,
         shard: ShardId,
         snapshot_dir: &Path,
         events: Option<AppliedListener>,
     ) -> Result<Self, sled::Error> {
-        let tree = db.open_tree(format!("shard-{shard}.sm"))?;
-        let completed = ChangeSet::recover(&tree).map_err(|error| match error {
-            ChangeSetError::Sled(error) => error,
-            redo => sled::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                redo.to_string(),
-            )),
-        })?;
-        if completed {
-            tracing::info!(shard, "completed an apply a crash interrupted");
-        }
         let reader = ShardReader::new(tree, log).map_err(|error| {
             sled::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -246,22 +238,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let signature = Some(meta.signature());
         let image = TreeImage::from_bytes(&data)
             .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
-        let tree = self.reader.tree();
-        let mut batch = sled::Batch::default();
-        for key in tree.iter().keys() {
-            batch.remove(key.map_err(storage_error::read_state_machine)?);
-        }
-        for (key, value) in image.pairs {
-            batch.insert(key, value);
-        }
-        batch.insert(
-            keys::APPLIED,
-            encode(&AppliedState {
-                last_applied: meta.last_log_id,
-                membership: meta.last_membership.clone(),
-            }),
-        );
-        tree.apply_batch(batch)
+        let applied = encode(&AppliedState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        });
+        self.reader
+            .tree()
+            .replace_all(
+                image
+                    .pairs
+                    .into_iter()
+                    .chain([(keys::APPLIED.to_vec(), applied)]),
+            )
             .map_err(storage_error::write_state_machine)?;
         self.reader.log().set_pins(self.shard, SegmentRuns::new());
         self.reader.reload()?;

@@ -14,6 +14,7 @@ use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducerRecord, encode};
 use crate::resting;
 use crate::runs::{self, Removed, Run};
+use crate::shard_tree::{ShardTree, WRITE_OUT_BYTES};
 use crate::storage_error;
 use crate::types::{NewMessage, ShardId, StorageError};
 use crate::wal::{PayloadSection, SegmentRuns, Wal};
@@ -149,7 +150,7 @@ impl<'a> PendingApply<'a> {
         Ok(())
     }
 
-    pub(super) fn tree(&self) -> &sled::Tree {
+    pub(super) fn tree(&self) -> &ShardTree {
         self.reader.tree()
     }
 
@@ -279,8 +280,7 @@ impl<'a> PendingApply<'a> {
         let stored = if self.forgotten.contains(&prefix) {
             None
         } else {
-            runs::last_in(self.tree(), prefix.as_slice()..=key.as_slice())
-                .map_err(storage_error::read_state_machine)?
+            runs::last_in(self.tree(), &prefix, &key).map_err(storage_error::read_state_machine)?
         };
         let run_key = match (touched, stored) {
             (Some(touched), Some((stored, run))) if stored.as_ref() > touched.as_slice() => {
@@ -417,9 +417,17 @@ impl<'a> PendingApply<'a> {
             self.changes
                 .insert(keys::PAYLOAD_PINS.to_vec(), encode(&self.pins));
         }
-        self.changes
-            .write(self.reader.tree())
+        let unwritten = self
+            .reader
+            .tree()
+            .apply(self.changes)
             .map_err(storage_error::write_state_machine)?;
+        if unwritten > WRITE_OUT_BYTES {
+            self.reader
+                .tree()
+                .write_out()
+                .map_err(storage_error::write_state_machine)?;
+        }
         self.reader.log().set_pins(self.shard, self.pins);
         for (before, after) in changed_totals {
             self.reader.totals().changed(before, after);

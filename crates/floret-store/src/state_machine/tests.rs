@@ -87,9 +87,9 @@ async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: b
 /// Whether any stored value of the shard contains `bytes`.
 fn tree_holds(database: &Database, bytes: &[u8]) -> bool {
     let state_machine = database.state_machine(SHARD, None).unwrap();
-    state_machine.reader().tree().iter().values().any(|value| {
-        value
-            .unwrap()
+    state_machine.reader().tree().iter().any(|item| {
+        item.unwrap()
+            .1
             .windows(bytes.len())
             .any(|window| window == bytes)
     })
@@ -244,4 +244,63 @@ async fn snapshot_carries_payloads_to_a_replica_without_this_log() {
             .unwrap()
     );
     assert_eq!(target.wal().pins_of(SHARD), SegmentRuns::new());
+}
+
+/// Applies the log's entries `indexes` again, as openraft does after a restart.
+async fn apply_again(database: &Database, indexes: std::ops::RangeInclusive<u64>) {
+    let entries = database
+        .log_store(SHARD)
+        .try_get_log_entries(indexes)
+        .await
+        .unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    state_machine.apply(entries).await.unwrap();
+}
+
+#[tokio::test]
+async fn applies_a_crash_kept_from_sled_are_applied_again_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let expected = {
+        let database = Database::open(dir.path()).unwrap();
+        append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+        append_and_apply(&database, enqueue(2, "a", &[payload(2)]), true).await;
+        let reader = database.state_machine(SHARD, None).unwrap().reader();
+        reader.digest().unwrap()
+    };
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    let (applied, _) = state_machine.applied_state().await.unwrap();
+    assert_eq!(applied, None, "nothing was written out to sled");
+    apply_again(&database, 1..=2).await;
+    let reader = database.state_machine(SHARD, None).unwrap().reader();
+    assert_eq!(reader.digest().unwrap(), expected);
+    assert_eq!(reader.producer("q", "a").unwrap().unwrap().messages, 2);
+}
+
+#[tokio::test]
+async fn sync_writes_applied_changes_to_sled_before_the_log_is_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let database = Database::open(dir.path()).unwrap();
+        append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+        append_and_apply(
+            &database,
+            ops(2, vec![Op::Remove(vec![message("a", 0)])]),
+            true,
+        )
+        .await;
+        append_and_apply(&database, enqueue(3, "b", &[payload(3)]), true).await;
+        database.sync().await.unwrap();
+    }
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    let (applied, _) = state_machine.applied_state().await.unwrap();
+    assert_eq!(applied, Some(log_id(3)));
+    let reader = state_machine.reader();
+    assert_eq!(reader.message("q", "a", 0).unwrap(), None);
+    assert_eq!(
+        reader.message("q", "b", 0).unwrap().unwrap().payload,
+        payload(3)
+    );
+    assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
 }
