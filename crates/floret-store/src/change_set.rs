@@ -1,10 +1,11 @@
-//! Crash-atomic writes to a state-machine tree without sled's atomic batch.
+//! Crash-atomic writes to a state-machine tree without sled's atomic batch:
+//! how a shard's applied changes are written out to sled (`shard_tree.rs`).
 //!
 //! sled 0.34 rolls its IO buffer twice for every `apply_batch` or
 //! transaction (`pin_log` marks where the batch starts and ends): two buffer
-//! writes, a `sync_file_range` and hand-offs to its IO threads, on every
-//! replica for every raft apply. That fixed cost, not the inserts, was most
-//! of a small apply. A [`ChangeSet`] gets the same all-or-nothing outcome
+//! writes, a `sync_file_range` and hand-offs to its IO threads. When every
+//! raft apply was written this way, that fixed cost, not the inserts, was
+//! most of a small apply. A [`ChangeSet`] gets the same all-or-nothing outcome
 //! with plain writes, which sled only buffers:
 //!
 //! 1. the whole change set is stored as one redo record ([`keys::REDO`]),
@@ -54,6 +55,8 @@ pub(crate) enum ChangeSetError {
     Sled(#[from] sled::Error),
     #[error("the redo record of an interrupted apply is unreadable: {0}")]
     Redo(#[from] DecodeError),
+    #[error("an earlier write of applied changes to the state machine failed: {0}")]
+    EarlierWriteFailed(String),
 }
 
 impl ChangeSet {

@@ -5,9 +5,11 @@
 //! applies again from the last applied id sled holds. So an apply need not
 //! reach sled at once. Each apply's [`ChangeSet`] is merged into an
 //! in-memory set of unwritten changes, and that set is written to sled as
-//! one change set (crash-atomic, see `change_set.rs`) once it holds
-//! [`WRITE_OUT_BYTES`], or when the node makes its state machines durable
-//! before purging the log behind them (`durability.rs`). A message produced
+//! one change set (crash-atomic, see `change_set.rs`) on a blocking thread
+//! once it holds [`WRITE_OUT_BYTES`] (by the apply itself, should it reach
+//! [`WRITE_OUT_NOW_BYTES`] first), or when the node makes its state
+//! machines durable before purging the log behind them (`durability.rs`).
+//! While a write-out runs, applies go on into a fresh set. A message produced
 //! and acked between two write-outs never reaches sled, and the applied
 //! state, producer records and segment counts are written once per
 //! write-out instead of once per apply: writing every apply to sled was the
@@ -35,9 +37,14 @@ use sled::IVec;
 use crate::change_set::{ChangeSet, ChangeSetError};
 
 /// Bytes of changes (keys and values, counted as merged) after which an
-/// apply writes the unwritten changes out to sled. It bounds the memory
-/// they take and how much a restart applies again.
+/// apply starts writing the unwritten changes out to sled in the
+/// background. It bounds the memory they take and how much a restart
+/// applies again.
 pub(crate) const WRITE_OUT_BYTES: usize = 128 * 1024;
+
+/// Bytes of changes after which an apply writes them out itself, waiting
+/// for a background write-out that has fallen behind.
+pub(crate) const WRITE_OUT_NOW_BYTES: usize = 4 * WRITE_OUT_BYTES;
 
 /// A key and its value as read.
 pub(crate) type Pair = (IVec, IVec);
@@ -64,8 +71,12 @@ struct Unwritten {
     /// Bytes merged into `pending` (a key changed twice counts twice).
     pending_bytes: usize,
     /// The changes a write-out in progress is writing: still read from
-    /// here until sled has them all.
+    /// here until sled has them all (and for good if writing them failed).
     being_written: Option<Arc<ChangeSet>>,
+    /// Whether a write-out was started in the background and has not ended.
+    writing_in_background: bool,
+    /// Why a write-out failed: the tree takes no more changes after that.
+    failed: Option<String>,
 }
 
 impl ShardTree {
@@ -108,9 +119,12 @@ impl ShardTree {
     /// key that this apply deletes and that only the pending changes ever
     /// held (a message produced and acked since the last write-out) is
     /// dropped from them, not kept as a deletion.
-    pub(crate) fn apply(&self, changes: ChangeSet) -> sled::Result<usize> {
+    pub(crate) fn apply(&self, changes: ChangeSet) -> Result<usize, ChangeSetError> {
         let mut guard = self.unwritten();
         let unwritten = &mut *guard;
+        if let Some(failed) = &unwritten.failed {
+            return Err(ChangeSetError::EarlierWriteFailed(failed.clone()));
+        }
         unwritten.pending_bytes += changes.bytes();
         for (key, value) in changes.into_changes() {
             let never_written = value.is_none()
@@ -130,7 +144,9 @@ impl ShardTree {
     }
 
     /// Writes every change applied so far to sled (which buffers it; a
-    /// sync of the database makes it durable).
+    /// sync of the database makes it durable). A failure is kept: the
+    /// changes stay readable here, and every later apply and write-out
+    /// fails with it.
     pub(crate) fn write_out(&self) -> Result<(), ChangeSetError> {
         let _one_at_a_time = self
             .writing_out
@@ -138,6 +154,9 @@ impl ShardTree {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let changes = {
             let mut unwritten = self.unwritten();
+            if let Some(failed) = &unwritten.failed {
+                return Err(ChangeSetError::EarlierWriteFailed(failed.clone()));
+            }
             if unwritten.pending.is_empty() {
                 return Ok(());
             }
@@ -147,8 +166,31 @@ impl ShardTree {
             changes
         };
         let written = changes.write(&self.tree);
-        self.unwritten().being_written = None;
+        let mut unwritten = self.unwritten();
+        match &written {
+            Ok(()) => unwritten.being_written = None,
+            Err(error) => unwritten.failed = Some(error.to_string()),
+        }
         written
+    }
+
+    /// Starts a write-out on a blocking thread unless one is under way, so
+    /// that the apply that filled the changes does not wait for sled.
+    pub(crate) fn write_out_in_background(self: &Arc<Self>) {
+        {
+            let mut unwritten = self.unwritten();
+            if unwritten.writing_in_background {
+                return;
+            }
+            unwritten.writing_in_background = true;
+        }
+        let tree = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(error) = tree.write_out() {
+                tracing::error!(%error, "writing applied changes to the state machine failed; the shard stops applying");
+            }
+            tree.unwritten().writing_in_background = false;
+        });
     }
 
     /// Replaces the whole tree with `pairs`, dropping the unwritten changes
@@ -576,5 +618,24 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(last.0.as_ref(), within.last().unwrap().0.as_bytes());
+    }
+
+    #[tokio::test]
+    async fn background_write_out_reaches_sled_while_reads_see_the_changes() {
+        let (_dir, tree) = tree_with(&[]);
+        let tree = Arc::new(tree);
+        tree.apply(changes(&[("big", Some(&"x".repeat(WRITE_OUT_BYTES)))]))
+            .unwrap();
+        tree.write_out_in_background();
+        assert_eq!(tree.get(b"big").unwrap().unwrap().len(), WRITE_OUT_BYTES);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tree.tree.get(b"big").unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the write-out never ended"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(tree.unwritten().pending.is_empty());
     }
 }
