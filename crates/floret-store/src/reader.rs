@@ -246,7 +246,7 @@ impl ShardReader {
         Ok(found)
     }
 
-    pub(crate) fn tree(&self) -> &Arc<ShardTree> {
+    pub(crate) fn tree(&self) -> &ShardTree {
         &self.tree
     }
 

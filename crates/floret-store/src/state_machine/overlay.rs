@@ -14,7 +14,7 @@ use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducerRecord, encode};
 use crate::resting;
 use crate::runs::{self, Removed, Run};
-use crate::shard_tree::{ShardTree, WRITE_OUT_BYTES, WRITE_OUT_NOW_BYTES};
+use crate::shard_tree::{ShardTree, WRITE_OUT_BYTES};
 use crate::storage_error;
 use crate::types::{NewMessage, ShardId, StorageError};
 use crate::wal::{PayloadSection, SegmentRuns, Wal};
@@ -422,13 +422,11 @@ impl<'a> PendingApply<'a> {
             .tree()
             .apply(self.changes)
             .map_err(storage_error::write_state_machine)?;
-        if unwritten > WRITE_OUT_NOW_BYTES {
+        if unwritten > WRITE_OUT_BYTES {
             self.reader
                 .tree()
                 .write_out()
                 .map_err(storage_error::write_state_machine)?;
-        } else if unwritten > WRITE_OUT_BYTES {
-            self.reader.tree().write_out_in_background();
         }
         self.reader.log().set_pins(self.shard, self.pins);
         for (before, after) in changed_totals {
