@@ -96,9 +96,13 @@ impl ChangeSet {
         self.changes.is_empty()
     }
 
-    /// Bytes of its keys and values.
+    /// Bytes of its keys and values: a lower bound of its redo record's
+    /// size, known without encoding it.
     pub(crate) fn bytes(&self) -> usize {
-        self.encoded_len_at_least()
+        self.changes
+            .iter()
+            .map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len))
+            .sum()
     }
 
     /// The changes to keys in `(from, to)`, in key order.
@@ -114,7 +118,7 @@ impl ChangeSet {
 
     /// Writes every change to `tree` so that a crash keeps all or none.
     pub(crate) fn write(&self, tree: &sled::Tree) -> Result<(), ChangeSetError> {
-        if self.encoded_len_at_least() > MAX_REDO_BYTES {
+        if self.bytes() > MAX_REDO_BYTES {
             let mut batch = sled::Batch::default();
             for (key, value) in &self.changes {
                 match value {
@@ -141,15 +145,6 @@ impl ChangeSet {
         changes.apply(tree)?;
         tree.remove(keys::REDO)?;
         Ok(true)
-    }
-
-    /// A lower bound of the redo record's size (the keys and values alone),
-    /// known without encoding it.
-    fn encoded_len_at_least(&self) -> usize {
-        self.changes
-            .iter()
-            .map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len))
-            .sum()
     }
 
     fn apply(&self, tree: &sled::Tree) -> Result<(), sled::Error> {
@@ -219,7 +214,7 @@ mod tests {
             changes.insert(index.to_be_bytes().to_vec(), vec![7; 128]);
         }
         assert!(encode(&changes).len() > MAX_REDO_BYTES);
-        assert!(changes.encoded_len_at_least() > MAX_REDO_BYTES);
+        assert!(changes.bytes() > MAX_REDO_BYTES);
         changes.write(&tree).unwrap();
         assert_eq!(tree.len(), 1_000);
         assert_eq!(tree.get(keys::REDO).unwrap(), None);
