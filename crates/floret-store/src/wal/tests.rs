@@ -190,18 +190,29 @@ fn payloads_read_back_in_place_only_once_synced() {
     assert_eq!(wal.read(0, ..).unwrap(), vec![entry]);
 }
 
+/// Appends entry 1 of `shard` carrying `payload`, synced; where the payload lies.
+fn logged(wal: &Wal, shard: ShardId, payload: &[u8]) -> PayloadSection {
+    wal.append(shard, vec![(log_id(1), with_payloads(1, &[payload]))])
+        .unwrap();
+    wal.sync().unwrap();
+    wal.payload_section(shard, log_id(1)).unwrap()
+}
+
+/// Counts one run of `shard` in `section`'s segment, as a completed
+/// state-machine sync would.
+fn pin_durably(wal: &Wal, shard: ShardId, section: PayloadSection) {
+    wal.set_pins(shard, SegmentRuns::from([(section.segment, 1)]));
+    let capture = wal.capture_pins();
+    wal.pins_synced(capture);
+}
+
 #[test]
 fn segment_that_stored_messages_point_into_outlives_its_purge() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
     let payload = [7u8; 200];
-    wal.append(0, vec![(log_id(1), with_payloads(1, &[&payload]))])
-        .unwrap();
-    wal.sync().unwrap();
-    let section = wal.payload_section(0, log_id(1)).unwrap();
-    wal.set_pins(0, SegmentRuns::from([(section.segment, 1)]));
-    let capture = wal.capture_pins();
-    wal.pins_synced(capture);
+    let section = logged(&wal, 0, &payload);
+    pin_durably(&wal, 0, section);
     for index in 2..6 {
         append(&wal, 0, index..index + 1);
     }
@@ -271,10 +282,7 @@ fn segment_an_apply_reads_payloads_from_survives_its_entry_being_copied_forward(
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
     let payload = [9u8; 50];
-    wal.append(1, vec![(log_id(1), with_payloads(1, &[&payload]))])
-        .unwrap();
-    wal.sync().unwrap();
-    let section = wal.payload_section(1, log_id(1)).unwrap();
+    let section = logged(&wal, 1, &payload);
     for index in 1..20 {
         append(&wal, 0, index..index + 1);
     }
@@ -292,9 +300,7 @@ fn segment_an_apply_reads_payloads_from_survives_its_entry_being_copied_forward(
         payload,
         "the apply that looked it up has not counted its run yet"
     );
-    wal.set_pins(1, SegmentRuns::from([(section.segment, 1)]));
-    let capture = wal.capture_pins();
-    wal.pins_synced(capture);
+    pin_durably(&wal, 1, section);
     append(&wal, 0, 20..21);
     wal.purge(0, log_id(19)).unwrap();
     assert!(
