@@ -63,22 +63,41 @@ struct UnwrittenCursor<'t> {
 const FETCH: usize = 16;
 
 impl<'t> UnwrittenCursor<'t> {
+    /// Makes the first fetch at once, with the bounds borrowed: a range
+    /// with no unwritten change (the usual read) copies nothing.
     fn new(tree: &'t ShardTree, from: Bound<&[u8]>, to: Bound<&[u8]>, reverse: bool) -> Self {
+        let (changes, more) = fetch(tree, from, to, reverse);
         let owned = |bound: Bound<&[u8]>| bound.map(<[u8]>::to_vec);
-        let (resume, end) = if reverse { (to, from) } else { (from, to) };
+        let (resume, end) = match changes.last() {
+            Some((last, _)) if more => {
+                let end = if reverse { from } else { to };
+                (Bound::Excluded(last.clone()), owned(end))
+            }
+            _ => (Bound::Unbounded, Bound::Unbounded),
+        };
         Self {
             tree,
-            resume: owned(resume),
-            end: owned(end),
+            resume,
+            end,
             reverse,
-            fetched: VecDeque::new(),
-            exhausted: is_empty_range(from, to),
+            fetched: changes.into(),
+            exhausted: !more,
         }
     }
 
     fn peek(&mut self) -> Option<&Change> {
         if self.fetched.is_empty() && !self.exhausted {
-            self.fetch();
+            let (from, to) = if self.reverse {
+                (as_ref(&self.end), as_ref(&self.resume))
+            } else {
+                (as_ref(&self.resume), as_ref(&self.end))
+            };
+            let (changes, more) = fetch(self.tree, from, to, self.reverse);
+            self.exhausted = !more;
+            if let Some((last, _)) = changes.last() {
+                self.resume = Bound::Excluded(last.clone());
+            }
+            self.fetched.extend(changes);
         }
         self.fetched.front()
     }
@@ -87,58 +106,53 @@ impl<'t> UnwrittenCursor<'t> {
         self.peek();
         self.fetched.pop_front()
     }
+}
 
-    /// Takes up to [`FETCH`] changes of each layer past `resume`, and keeps
-    /// those that no change left behind in a layer can precede.
-    fn fetch(&mut self) {
-        let (from, to) = if self.reverse {
-            (as_ref(&self.end), as_ref(&self.resume))
-        } else {
-            (as_ref(&self.resume), as_ref(&self.end))
-        };
-        if is_empty_range(from, to) {
-            self.exhausted = true;
-            return;
-        }
-        let reverse = self.reverse;
-        let mut merged = BTreeMap::new();
-        let mut limit: Option<Vec<u8>> = None;
-        {
-            let unwritten = self.tree.unwritten();
-            let layers = [unwritten.being_written.as_deref(), Some(&unwritten.pending)];
-            for layer in layers.into_iter().flatten() {
-                let range = layer.range(from, to);
-                let taken: Vec<_> = if reverse {
-                    range.rev().take(FETCH).collect()
-                } else {
-                    range.take(FETCH).collect()
-                };
-                if let Some((last, _)) = taken.last().filter(|_| taken.len() == FETCH)
-                    && limit
-                        .as_deref()
-                        .is_none_or(|limit| order(last, limit, reverse) == Ordering::Less)
-                {
-                    limit = Some(last.to_vec());
-                }
-                for (key, value) in taken {
-                    merged.insert(key.to_vec(), value.map(<[u8]>::to_vec));
-                }
+/// Takes up to [`FETCH`] changes of each layer in `(from, to)`, in the
+/// cursor's order, and keeps those that no change left behind in a layer
+/// can precede; true in the second field when changes may be left.
+fn fetch(
+    tree: &ShardTree,
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+    reverse: bool,
+) -> (Vec<Change>, bool) {
+    if is_empty_range(from, to) {
+        return (Vec::new(), false);
+    }
+    let mut merged = BTreeMap::new();
+    let mut limit: Option<Vec<u8>> = None;
+    {
+        let unwritten = tree.unwritten();
+        let layers = [unwritten.being_written.as_deref(), Some(&unwritten.pending)];
+        for layer in layers.into_iter().flatten() {
+            let range = layer.range(from, to);
+            let taken: Vec<_> = if reverse {
+                range.rev().take(FETCH).collect()
+            } else {
+                range.take(FETCH).collect()
+            };
+            if let Some((last, _)) = taken.last().filter(|_| taken.len() == FETCH)
+                && limit
+                    .as_deref()
+                    .is_none_or(|limit| order(last, limit, reverse) == Ordering::Less)
+            {
+                limit = Some(last.to_vec());
+            }
+            for (key, value) in taken {
+                merged.insert(key.to_vec(), value.map(<[u8]>::to_vec));
             }
         }
-        let mut changes: Vec<Change> = merged.into_iter().collect();
-        if reverse {
-            changes.reverse();
-        }
-        if let Some(limit) = &limit {
-            changes.retain(|(key, _)| order(key, limit, reverse) != Ordering::Greater);
-        } else {
-            self.exhausted = true;
-        }
-        if let Some((last, _)) = changes.last() {
-            self.resume = Bound::Excluded(last.clone());
-        }
-        self.fetched.extend(changes);
     }
+    let mut changes: Vec<Change> = merged.into_iter().collect();
+    if reverse {
+        changes.reverse();
+    }
+    let more = limit.is_some();
+    if let Some(limit) = &limit {
+        changes.retain(|(key, _)| order(key, limit, reverse) != Ordering::Greater);
+    }
+    (changes, more)
 }
 
 fn as_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
