@@ -1,5 +1,5 @@
 //! Crash-atomic writes to a state-machine tree without sled's atomic batch:
-//! how a shard's applied changes are written out to sled (`shard_tree.rs`).
+//! how a shard's applied changes are written out to sled (`shard_tree/`).
 //!
 //! sled 0.34 rolls its IO buffer twice for every `apply_batch` or
 //! transaction (`pin_log` marks where the batch starts and ends): two buffer

@@ -1,7 +1,7 @@
 //! Making the state machines durable on demand.
 //!
 //! The raft log is the source of truth: applied changes wait in memory
-//! (`shard_tree.rs`), go to sled and reach the disk lazily, and a restart
+//! (`shard_tree/`), go to sled and reach the disk lazily, and a restart
 //! re-applies the log from the last applied id. Before log entries are
 //! purged (after a snapshot) the state machines must be on disk for real:
 //! a sync writes every shard's unwritten changes out to sled first. sled's `flush()` is not an fsync on

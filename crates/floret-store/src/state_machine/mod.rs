@@ -2,7 +2,7 @@
 //! tree. Each `apply` call's changes (messages, producer records, last
 //! applied log id and membership) are one set, merged into the shard's
 //! unwritten changes and written to sled with them, crash-atomically (see
-//! `shard_tree.rs`).
+//! `shard_tree/`).
 //!
 //! Applying is deterministic: the leader chose the commit time, and the only
 //! replies are computed from the replicated state. A sled error is not
