@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::change_set::ChangeSetError;
 use crate::durability::StateMachineDurability;
-use crate::flusher::Flusher;
+use crate::flusher::{Flusher, SyncTarget};
 use crate::log_store::LogStore;
 use crate::shard_tree::ShardTree;
 use crate::state_machine::{AppliedListener, StateMachine};
@@ -96,6 +96,16 @@ pub enum OpenError {
     },
 }
 
+impl SyncTarget for Arc<Wal> {
+    fn sync(&self) -> io::Result<()> {
+        Wal::sync(self)
+    }
+
+    fn bytes_written(&self) -> u64 {
+        Wal::bytes_written(self)
+    }
+}
+
 /// A node's open data dir: the raft log, the sled database and the flusher.
 pub struct Database {
     db: sled::Db,
@@ -172,8 +182,7 @@ impl Database {
         if power_lost {
             crate::failpoints::check_power_loss_sound(wal.has_purged()).map_err(io_error)?;
         }
-        let log = wal.clone();
-        let (flusher, flusher_thread) = Flusher::start(move || log.sync()).map_err(io_error)?;
+        let (flusher, flusher_thread) = Flusher::start(wal.clone()).map_err(io_error)?;
         Ok(Self {
             db,
             dir: dir.to_path_buf(),

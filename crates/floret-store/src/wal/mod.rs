@@ -151,6 +151,8 @@ struct WalState {
     active: Segment,
     /// Bytes of the active segment known to be on disk.
     synced_len: u64,
+    /// Bytes written to any segment since the log was opened.
+    written_since_open: u64,
     sealed: BTreeMap<u64, Arc<File>>,
     shards: HashMap<ShardId, ShardLog>,
     /// Set by a write or sync that failed: after it nothing in the file can be
@@ -237,6 +239,7 @@ impl Wal {
             segment_bytes,
             state: Mutex::new(WalState {
                 synced_len: active.len,
+                written_since_open: 0,
                 active,
                 sealed,
                 shards,
@@ -357,6 +360,11 @@ impl Wal {
         #[cfg(feature = "failpoints")]
         crate::failpoints::record_synced(&self.dir, segment, len)?;
         Ok(())
+    }
+
+    /// Bytes written since the log was opened (the flusher paces its syncs by them).
+    pub fn bytes_written(&self) -> u64 {
+        self.lock().written_since_open
     }
 
     /// Bytes cut off the end of the log as a torn write when it was opened.

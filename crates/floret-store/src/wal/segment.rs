@@ -86,6 +86,7 @@ impl WalState {
             return Err(error);
         }
         self.active.len += bytes.len() as u64;
+        self.written_since_open += bytes.len() as u64;
         Ok(())
     }
 
