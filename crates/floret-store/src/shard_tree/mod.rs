@@ -38,10 +38,12 @@ use crate::change_set::{ChangeSet, ChangeSetError};
 
 pub(crate) use merged::Merged;
 
-/// Bytes of changes (keys and values, counted as merged) after which an
-/// apply writes the unwritten changes out to sled. It bounds the memory
-/// they take and how much a restart applies again. 128 KiB measured
-/// better than 64 (drain) and 256 (memory with a large backlog).
+/// Bytes of unwritten changes (keys and values held) after which an apply
+/// writes them out to sled. It bounds the memory they take. 128 KiB
+/// measured better than 64 (drain) and 256 (memory with a large backlog).
+/// Messages produced and acked between write-outs do not count, so at a
+/// steady state the unwritten changes reach sled mostly when the log is
+/// about to be purged behind them.
 pub(crate) const WRITE_OUT_BYTES: usize = 128 * 1024;
 
 /// A key and its value as read.
@@ -63,7 +65,7 @@ pub(crate) struct ShardTree {
 struct Unwritten {
     /// Changes applied since the last write-out began.
     pending: ChangeSet,
-    /// Bytes merged into `pending` (a key changed twice counts twice).
+    /// Bytes of the keys and values `pending` holds.
     pending_bytes: usize,
     /// The changes a write-out in progress is writing: still read from
     /// here until sled has them all (and for good if writing them failed).
@@ -118,22 +120,35 @@ impl ShardTree {
         if let Some(failed) = &unwritten.failed {
             return Err(ChangeSetError::EarlierWriteFailed(failed.clone()));
         }
-        unwritten.pending_bytes += changes.bytes();
         for (key, value) in changes.into_changes() {
+            let held = unwritten.pending.pending(&key);
             let never_written = value.is_none()
-                && matches!(unwritten.pending.pending(&key), Some(Some(_)))
+                && matches!(held, Some(Some(_)))
                 && unwritten
                     .being_written
                     .as_ref()
                     .is_none_or(|layer| layer.pending(&key).is_none())
                 && !self.tree.contains_key(&key)?;
+            unwritten.pending_bytes -=
+                held.map_or(0, |held| key.len() + held.map_or(0, <[u8]>::len));
             if never_written {
                 unwritten.pending.forget(&key);
             } else {
+                unwritten.pending_bytes += key.len() + value.as_ref().map_or(0, Vec::len);
                 unwritten.pending.set(key, value);
             }
         }
         Ok(unwritten.pending_bytes)
+    }
+
+    /// The keys the unwritten changes set (true) or delete (false).
+    #[cfg(test)]
+    pub(crate) fn unwritten_keys(&self) -> Vec<(Vec<u8>, bool)> {
+        self.unwritten()
+            .pending
+            .range(Bound::Unbounded, Bound::Unbounded)
+            .map(|(key, value)| (key.to_vec(), value.is_some()))
+            .collect()
     }
 
     /// Writes every change applied so far to sled (which buffers it; a

@@ -75,6 +75,22 @@ fn message_produced_and_acked_between_write_outs_never_reaches_sled() {
 }
 
 #[test]
+fn churn_of_produced_and_acked_messages_does_not_force_write_outs() {
+    let (_dir, tree) = tree_with(&[]);
+    let run = "r".repeat(1000);
+    for message in 0..2 * WRITE_OUT_BYTES / run.len() {
+        let key = format!("m{message}");
+        tree.apply(changes(&[(&key, Some(&run))])).unwrap();
+        let unwritten = tree.apply(changes(&[(&key, None)])).unwrap();
+        assert_eq!(unwritten, 0, "message {message} left bytes behind");
+    }
+    let unwritten = tree
+        .apply(changes(&[("p", Some("counters")), ("p", Some("more"))]))
+        .unwrap();
+    assert_eq!(unwritten, "p".len() + "more".len());
+}
+
+#[test]
 fn ranges_merge_unwritten_changes_with_stored_pairs_both_ways() {
     let (_dir, tree) = tree_with(&[("a", "1"), ("c", "3"), ("e", "5"), ("g", "7")]);
     tree.apply(changes(&[

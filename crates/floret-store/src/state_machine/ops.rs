@@ -407,7 +407,9 @@ impl PendingApply<'_> {
             let touched = self.runs.remove(&run_key).expect("listed above");
             if let RunBytes::Stored(_) = touched.run.as_bytes() {
                 self.unpin(&touched.run)?;
-                self.changes.remove(keys::removed(&run_key));
+                if touched.marks_stored {
+                    self.changes.remove(keys::removed(&run_key));
+                }
                 self.changes.remove(run_key);
             }
         }

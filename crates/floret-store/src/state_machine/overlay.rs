@@ -42,6 +42,10 @@ pub(super) struct TouchedRun {
     pub(super) removed: Removed,
     /// Whether its removal marks changed in this apply.
     pub(super) marks_changed: bool,
+    /// Whether the tree held removal marks for it when this apply began, so
+    /// removing the whole run must delete them too (a run removed in one go
+    /// never had any, and a deletion of nothing would still be written).
+    pub(super) marks_stored: bool,
 }
 
 /// Changes of one `apply` call, gathered before they are written as one
@@ -216,6 +220,7 @@ impl<'a> PendingApply<'a> {
                 run,
                 removed,
                 marks_changed: false,
+                marks_stored: false,
             },
         );
     }
@@ -243,6 +248,7 @@ impl<'a> PendingApply<'a> {
                     run,
                     removed,
                     marks_changed: false,
+                    marks_stored: marks.is_some(),
                 },
             );
         }
@@ -390,7 +396,9 @@ impl<'a> PendingApply<'a> {
             if touched.removed.all() {
                 if new_run.is_none() {
                     self.changes.remove(key);
-                    self.changes.remove(marks_key);
+                    if touched.marks_stored {
+                        self.changes.remove(marks_key);
+                    }
                 }
                 continue;
             }

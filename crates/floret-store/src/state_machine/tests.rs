@@ -186,6 +186,41 @@ async fn removed_run_unpins_its_segment_and_counts_survive_a_reopen() {
 }
 
 #[tokio::test]
+async fn run_removed_whole_leaves_no_deletion_of_marks_it_never_had() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+    append_and_apply(&database, enqueue(2, "b", &[payload(2), payload(3)]), true).await;
+    append_and_apply(
+        &database,
+        ops(3, vec![Op::Remove(vec![message("b", 0)])]),
+        true,
+    )
+    .await;
+    database.sync().await.unwrap();
+    append_and_apply(
+        &database,
+        ops(4, vec![Op::Remove(vec![message("a", 0), message("b", 1)])]),
+        true,
+    )
+    .await;
+    let state_machine = database.state_machine(SHARD, None).unwrap();
+    let deleted: Vec<u8> = state_machine
+        .reader()
+        .tree()
+        .unwritten_keys()
+        .into_iter()
+        .filter(|(_, set)| !set)
+        .map(|(key, _)| key[0])
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![keys::MESSAGE_TAG, keys::MESSAGE_TAG, keys::REMOVED_TAG],
+        "both runs go, and only b had removal marks to delete"
+    );
+}
+
+#[tokio::test]
 async fn dead_letter_of_a_logged_message_keeps_its_payload() {
     let dir = tempfile::tempdir().unwrap();
     let database = Database::open(dir.path()).unwrap();
