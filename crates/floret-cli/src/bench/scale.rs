@@ -29,9 +29,14 @@ pub struct ScaleArgs {
     /// Producer counts to step through, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     producers: Vec<usize>,
-    /// Messages each producer gets (sent as one produce call).
+    /// Messages each producer gets.
     #[arg(long, default_value_t = 2)]
     backlog: usize,
+    /// Messages per produce call while filling (at most the backlog). A
+    /// larger call holds more memory in flight on every node while it is
+    /// decoded and logged, which is not what this benchmark measures.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
     /// Payload size in bytes.
     #[arg(long, default_value_t = 128)]
     size: usize,
@@ -109,6 +114,16 @@ pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
         .write_json(&serde_json::json!({"scenario": "scale", "steps": steps}))
 }
 
+/// Messages per fill call: `batch`, at most the backlog, made a divisor of
+/// it so that every producer gets exactly its backlog.
+fn fill_batch(backlog: usize, batch: usize) -> usize {
+    let backlog = backlog.max(1);
+    (1..=batch.clamp(1, backlog))
+        .rev()
+        .find(|size| backlog % size == 0)
+        .unwrap_or(1)
+}
+
 async fn run_step(
     args: &ScaleArgs,
     client: &Client,
@@ -130,7 +145,7 @@ async fn run_step(
             count: messages,
             size: args.size,
             producers,
-            batch: args.backlog.max(1),
+            batch: fill_batch(args.backlog, args.batch),
             concurrency: args.concurrency.max(1),
             idempotent: false,
             deadline: None,
@@ -287,4 +302,19 @@ fn charts(run_start: Instant, timeline: &Timeline) -> Vec<Chart> {
             series: memory_series,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill_batch;
+
+    #[test]
+    fn fill_calls_give_every_producer_exactly_its_backlog() {
+        assert_eq!(fill_batch(2, 100), 2);
+        assert_eq!(fill_batch(100, 100), 100);
+        assert_eq!(fill_batch(1000, 100), 100);
+        assert_eq!(fill_batch(150, 100), 75);
+        assert_eq!(fill_batch(7, 5), 1);
+        assert_eq!(fill_batch(0, 0), 1);
+    }
 }
