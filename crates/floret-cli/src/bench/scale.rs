@@ -120,7 +120,7 @@ fn fill_batch(backlog: usize, batch: usize) -> usize {
     let backlog = backlog.max(1);
     (1..=batch.clamp(1, backlog))
         .rev()
-        .find(|size| backlog % size == 0)
+        .find(|size| backlog.is_multiple_of(*size))
         .unwrap_or(1)
 }
 
