@@ -146,20 +146,22 @@ async fn both_forms_count_the_same_bytes_against_limits() {
     );
 }
 
+/// Stores a run of one message from producer `a` (entry 1) and one of two
+/// from `b` (entry 2), acks `acked` (entry 3) and syncs, so that sled holds
+/// what is left.
+async fn store_two_runs_and_ack(database: &Database, acked: MessageRef) {
+    append_and_apply(database, enqueue(1, "a", &[payload(1)]), true).await;
+    append_and_apply(database, enqueue(2, "b", &[payload(2), payload(3)]), true).await;
+    append_and_apply(database, ops(3, vec![Op::Remove(vec![acked])]), true).await;
+    database.sync().await.unwrap();
+}
+
 #[tokio::test]
 async fn removed_run_unpins_its_segment_and_counts_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     {
         let database = Database::open(dir.path()).unwrap();
-        append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
-        append_and_apply(&database, enqueue(2, "b", &[payload(2), payload(3)]), true).await;
-        append_and_apply(
-            &database,
-            ops(3, vec![Op::Remove(vec![message("a", 0)])]),
-            true,
-        )
-        .await;
-        database.sync().await.unwrap();
+        store_two_runs_and_ack(&database, message("a", 0)).await;
         assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
         database.close();
     }
@@ -189,15 +191,7 @@ async fn removed_run_unpins_its_segment_and_counts_survive_a_reopen() {
 async fn run_removed_whole_leaves_no_deletion_of_marks_it_never_had() {
     let dir = tempfile::tempdir().unwrap();
     let database = Database::open(dir.path()).unwrap();
-    append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
-    append_and_apply(&database, enqueue(2, "b", &[payload(2), payload(3)]), true).await;
-    append_and_apply(
-        &database,
-        ops(3, vec![Op::Remove(vec![message("b", 0)])]),
-        true,
-    )
-    .await;
-    database.sync().await.unwrap();
+    store_two_runs_and_ack(&database, message("b", 0)).await;
     append_and_apply(
         &database,
         ops(4, vec![Op::Remove(vec![message("a", 0), message("b", 1)])]),
