@@ -7,9 +7,9 @@
 //! sync completes every waiter with the error (an append callback that is
 //! never completed would hang its group forever).
 //!
-//! When several writers are busy, a sync waits up to a couple of
-//! milliseconds for a page of writes to gather (`pacer.rs`); a lone writer
-//! is synced at once.
+//! While other writers are busy, a sync waits up to a couple of
+//! milliseconds for a page of their writes to gather (`pacer.rs`); a
+//! writer alone is synced at once.
 
 use std::io;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -17,6 +17,8 @@ use std::thread;
 use std::time::Instant;
 
 mod pacer;
+#[cfg(test)]
+mod tests;
 
 use pacer::{Pace, SyncPacer};
 
@@ -99,6 +101,9 @@ fn run_flusher(target: impl SyncTarget, pending: mpsc::Receiver<FlushRequest>) {
             pending
                 .try_iter()
                 .for_each(|request| take(request, &mut stopping));
+            if stopping {
+                break;
+            }
             let now = Instant::now();
             match pacer.pace(now, first_waiter_at, target.bytes_written()) {
                 Pace::SyncNow => break,
@@ -113,6 +118,7 @@ fn run_flusher(target: impl SyncTarget, pending: mpsc::Receiver<FlushRequest>) {
         }
         pacer.syncing(Instant::now(), target.bytes_written());
         let result = target.sync();
+        pacer.synced(target.bytes_written());
         metrics::counter!("floret_store_syncs_total").increment(1);
         metrics::histogram!("floret_store_sync_waiters").record(batch.len() as f64);
         if let Err(error) = &result {

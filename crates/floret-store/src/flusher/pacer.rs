@@ -1,23 +1,24 @@
-//! When the flusher syncs: at once while writes are sparse, a little later
-//! while they come fast, so that one sync carries a page of them.
+//! When the flusher syncs: at once unless other writers are busy, a little
+//! later while they are, so that one sync carries a page of their writes.
 //!
 //! Every `fdatasync` writes the log's last page whole, however little of it
 //! is new, and the next write dirties that page again. At one message per
-//! call the log took about 900 syncs a second of 1.4 KiB each, so the disk
+//! call the log took about 700 syncs a second of 1.4 KiB each, so the disk
 //! wrote each logged byte several times over. Holding a sync until a page
-//! (4 KiB) is waiting, for at most [`MAX_LINGER`], cuts that, and costs a
-//! waiter nothing when nobody else is writing:
-//! - the pacer waits only when the recent write rate says enough bytes will
-//!   come within the linger to be worth it ([`WORTH_WAITING_BYTES`]);
-//! - it stops waiting as soon as a [`QUIET_SLICE`] passes with no new byte,
-//!   which is what a lone writer blocked on this very sync looks like.
+//! (4 KiB) is waiting, for at most [`MAX_LINGER`], cuts that. A hold only
+//! pays when someone else writes while the waiters wait, so the pacer holds
+//! a sync only when both hold:
+//! - the recent write rate says at least [`WORTH_WAITING_BYTES`] will come
+//!   within the linger;
+//! - writes were seen arriving while an earlier sync ran or was held. A
+//!   writer alone, blocked on its own sync, never shows that, so it is
+//!   synced at once however fast it writes.
+//!
+//! A hold ends as soon as a [`QUIET_SLICE`] passes with no new byte, and a
+//! hold in which nothing at all arrived clears that evidence until writes
+//! are seen during a sync again.
 //!
 //! Pure: the flusher passes the time and the log's byte count in.
-//!
-//! IMPLEMENTATION CAVEATS
-//! - The rate is one smoothed figure for the whole node. After a flood ends,
-//!   a lone writer's next syncs may each wait one quiet slice until the
-//!   figure has decayed.
 
 use std::time::{Duration, Instant};
 
@@ -28,14 +29,16 @@ pub const PAGE_BYTES: u64 = 4096;
 /// load a produce waits for two syncs in parallel (leader and followers),
 /// so this adds at most about this much to its latency.
 pub const MAX_LINGER: Duration = Duration::from_millis(2);
-/// Waiting starts only when at least this many bytes are expected within
+/// A hold starts only when at least this many bytes are expected within
 /// the linger at the recent rate (0.5 MB/s at a 2 ms linger).
 pub const WORTH_WAITING_BYTES: f64 = 1024.0;
-/// While waiting, a slice this long with no new byte ends the wait: the
+/// While holding, a slice this long with no new byte ends the hold: the
 /// writers are blocked on this sync.
 pub const QUIET_SLICE: Duration = Duration::from_micros(500);
-/// Weight of the newest interval in the smoothed write rate.
-const RATE_SMOOTHING: f64 = 0.25;
+/// How fast the measured write rate forgets: an interval this long
+/// between two syncs weighs about 63% in the new figure, so the figure
+/// follows the load within a few milliseconds and an idle pause erases it.
+const RATE_TIME_CONSTANT: Duration = Duration::from_millis(4);
 
 /// What the flusher does next with the waiters it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,15 +57,18 @@ pub struct SyncPacer {
     /// When the last sync started and the log's byte count then (all of
     /// which that sync made durable).
     last_sync: Option<(Instant, u64)>,
-    /// The wait in progress for the current waiters, if any.
-    wait: Option<QuietWatch>,
+    /// Whether writes were seen arriving while a sync ran or was held.
+    others_write_meanwhile: bool,
+    /// The hold in progress for the current waiters, if any.
+    hold: Option<Hold>,
 }
 
-/// A wait in progress: it ends at the end of a slice in which nothing was written.
+/// A hold in progress: it ends at the end of a slice in which nothing was written.
 #[derive(Debug, Clone, Copy)]
-struct QuietWatch {
+struct Hold {
     slice_ends: Instant,
     bytes_at_slice_start: u64,
+    bytes_at_start: u64,
 }
 
 impl SyncPacer {
@@ -75,41 +81,61 @@ impl SyncPacer {
         if unsynced >= PAGE_BYTES || now >= deadline {
             return Pace::SyncNow;
         }
-        let watch = match self.wait {
+        let hold = match self.hold {
             None => {
                 let expected = self.bytes_per_second * (deadline - now).as_secs_f64();
-                if expected < WORTH_WAITING_BYTES {
+                if !self.others_write_meanwhile || expected < WORTH_WAITING_BYTES {
                     return Pace::SyncNow;
                 }
-                QuietWatch {
+                Hold {
                     slice_ends: now + QUIET_SLICE,
                     bytes_at_slice_start: bytes_written,
+                    bytes_at_start: bytes_written,
                 }
             }
-            Some(watch) if now < watch.slice_ends => watch,
-            Some(watch) if bytes_written == watch.bytes_at_slice_start => {
+            Some(hold) if now < hold.slice_ends => hold,
+            Some(hold) if bytes_written == hold.bytes_at_slice_start => {
+                if bytes_written == hold.bytes_at_start {
+                    self.others_write_meanwhile = false;
+                }
                 return Pace::SyncNow;
             }
-            Some(_) => QuietWatch {
+            Some(hold) => Hold {
                 slice_ends: now + QUIET_SLICE,
                 bytes_at_slice_start: bytes_written,
+                ..hold
             },
         };
-        self.wait = Some(watch);
-        Pace::WaitUntil(watch.slice_ends.min(deadline))
+        self.hold = Some(hold);
+        Pace::WaitUntil(hold.slice_ends.min(deadline))
     }
 
     /// A sync starts at `now` and makes the first `bytes_written` bytes durable.
     pub fn syncing(&mut self, now: Instant, bytes_written: u64) {
         if let Some((previous, previous_bytes)) = self.last_sync {
-            let seconds = now.saturating_duration_since(previous).as_secs_f64();
-            if seconds > 0.0 {
-                let rate = bytes_written.saturating_sub(previous_bytes) as f64 / seconds;
-                self.bytes_per_second += RATE_SMOOTHING * (rate - self.bytes_per_second);
+            let elapsed = now.saturating_duration_since(previous).as_secs_f64();
+            if elapsed > 0.0 {
+                let rate = bytes_written.saturating_sub(previous_bytes) as f64 / elapsed;
+                let weight = 1.0 - (-elapsed / RATE_TIME_CONSTANT.as_secs_f64()).exp();
+                self.bytes_per_second += weight * (rate - self.bytes_per_second);
             }
         }
+        if let Some(hold) = self.hold.take()
+            && bytes_written > hold.bytes_at_start
+        {
+            self.others_write_meanwhile = true;
+        }
         self.last_sync = Some((now, bytes_written));
-        self.wait = None;
+    }
+
+    /// The sync returned; the log had taken `bytes_written` bytes by then.
+    /// Bytes written while it ran came from writers not waiting on it.
+    pub fn synced(&mut self, bytes_written: u64) {
+        if let Some((_, bytes_at_start)) = self.last_sync
+            && bytes_written > bytes_at_start
+        {
+            self.others_write_meanwhile = true;
+        }
     }
 }
 
@@ -121,47 +147,58 @@ mod tests {
         Duration::from_secs_f64(millis / 1000.0)
     }
 
-    /// Syncs every `interval` with `bytes_each` written in between, so the
-    /// pacer learns that rate; returns the time and byte count reached.
-    fn steady_writes(
+    /// Forty syncs `interval` apart, each carrying `bytes_each`, with
+    /// `written_meanwhile` more arriving while each runs; returns the time
+    /// and byte count reached.
+    fn steady_syncs(
         pacer: &mut SyncPacer,
-        start: Instant,
         interval: Duration,
         bytes_each: u64,
+        written_meanwhile: u64,
     ) -> (Instant, u64) {
-        let (mut now, mut written) = (start, 0);
+        let (mut now, mut written) = (Instant::now(), 0);
         for _ in 0..40 {
             now += interval;
             written += bytes_each;
             pacer.syncing(now, written);
+            written += written_meanwhile;
+            pacer.synced(written);
         }
         (now, written)
     }
 
     #[test]
-    fn lone_writer_is_never_held_for_others() {
+    fn lone_writer_is_never_held_however_fast_it_writes() {
         let mut pacer = SyncPacer::default();
-        let start = Instant::now();
-        // One 250-byte produce every 2 ms: 125 kB/s.
-        let (now, written) = steady_writes(&mut pacer, start, ms(2.0), 250);
-        assert_eq!(pacer.pace(now, now, written + 250), Pace::SyncNow);
+        // 1,500 bytes a millisecond, nothing written while a sync runs.
+        let (now, written) = steady_syncs(&mut pacer, ms(1.0), 1_500, 0);
+        let next = now + ms(1.0);
+        assert_eq!(pacer.pace(next, next, written + 1_500), Pace::SyncNow);
     }
 
     #[test]
-    fn fast_writes_are_held_until_a_page_is_waiting() {
+    fn slow_log_is_synced_at_once_even_with_others_writing() {
         let mut pacer = SyncPacer::default();
-        let start = Instant::now();
-        // 1,400 bytes every 1.1 ms: 1.3 MB/s, as at one message per call.
-        let (now, written) = steady_writes(&mut pacer, start, ms(1.1), 1_400);
+        // One 250-byte produce every 2 ms: 125 kB/s.
+        let (now, written) = steady_syncs(&mut pacer, ms(2.0), 200, 50);
+        let next = now + ms(2.0);
+        assert_eq!(pacer.pace(next, next, written + 250), Pace::SyncNow);
+    }
+
+    #[test]
+    fn busy_log_is_held_until_a_page_is_waiting() {
+        let mut pacer = SyncPacer::default();
+        // 1.3 MB/s, some of it arriving while syncs run: one message per call.
+        let (now, written) = steady_syncs(&mut pacer, ms(1.1), 1_300, 100);
         let first_waiter = now + ms(0.1);
         let Pace::WaitUntil(until) = pacer.pace(first_waiter, first_waiter, written + 300) else {
-            panic!("a fast log should wait for more writes");
+            panic!("a busy log should hold the sync for more writes");
         };
-        assert!(until <= first_waiter + QUIET_SLICE);
+        assert_eq!(until, first_waiter + QUIET_SLICE);
         assert_eq!(
             pacer.pace(first_waiter + ms(0.3), first_waiter, written + 2_000),
             Pace::WaitUntil(until),
-            "a waiter that arrives mid-slice does not end the wait"
+            "a waiter that arrives mid-slice does not end the hold"
         );
         assert_eq!(
             pacer.pace(first_waiter + ms(0.4), first_waiter, written + PAGE_BYTES),
@@ -173,8 +210,7 @@ mod tests {
     #[test]
     fn held_sync_happens_at_the_linger_deadline_however_busy() {
         let mut pacer = SyncPacer::default();
-        let start = Instant::now();
-        let (now, mut written) = steady_writes(&mut pacer, start, ms(1.0), 1_500);
+        let (now, mut written) = steady_syncs(&mut pacer, ms(1.0), 1_400, 100);
         let first_waiter = now;
         let mut at = first_waiter;
         while let Pace::WaitUntil(until) = pacer.pace(at, first_waiter, written + 100) {
@@ -187,34 +223,36 @@ mod tests {
     }
 
     #[test]
-    fn writer_blocked_on_its_own_sync_waits_one_quiet_slice_only() {
+    fn hold_in_which_nobody_writes_stops_the_next_ones() {
         let mut pacer = SyncPacer::default();
-        let start = Instant::now();
-        let (now, written) = steady_writes(&mut pacer, start, ms(1.0), 1_500);
+        let (now, written) = steady_syncs(&mut pacer, ms(1.0), 1_400, 100);
         let Pace::WaitUntil(until) = pacer.pace(now, now, written + 200) else {
-            panic!("the recent rate is high enough to wait");
+            panic!("the busy history makes it hold");
         };
-        assert_eq!(until, now + QUIET_SLICE);
-        assert_eq!(pacer.pace(until, now, written + 200), Pace::SyncNow);
+        assert_eq!(
+            pacer.pace(until, now, written + 200),
+            Pace::SyncNow,
+            "one quiet slice ends the hold"
+        );
+        pacer.syncing(until, written + 200);
+        pacer.synced(written + 200);
+        let next = until + ms(0.5);
+        assert_eq!(
+            pacer.pace(next, next, written + 1_600),
+            Pace::SyncNow,
+            "without new evidence of other writers the next sync is not held"
+        );
     }
 
     #[test]
-    fn rate_decays_after_a_flood_so_lone_writers_stop_waiting() {
+    fn idle_pause_erases_the_rate_of_a_flood() {
         let mut pacer = SyncPacer::default();
-        let start = Instant::now();
-        let (mut now, mut written) = steady_writes(&mut pacer, start, ms(1.0), 1_500);
-        let mut quiet_syncs = 0;
-        loop {
-            now += ms(2.5);
-            written += 250;
-            if pacer.pace(now, now, written) == Pace::SyncNow {
-                break;
-            }
-            now += QUIET_SLICE;
-            pacer.syncing(now, written);
-            quiet_syncs += 1;
-        }
-        assert!(quiet_syncs <= 12, "took {quiet_syncs} syncs to decay");
+        let (now, written) = steady_syncs(&mut pacer, ms(1.0), 1_500, 100);
+        let after_pause = now + Duration::from_secs(1);
+        pacer.syncing(after_pause, written + 250);
+        pacer.synced(written + 250);
+        let next = after_pause + ms(2.0);
+        assert_eq!(pacer.pace(next, next, written + 500), Pace::SyncNow);
     }
 
     #[test]
