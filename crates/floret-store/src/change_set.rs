@@ -32,8 +32,6 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use serde::{Deserialize, Serialize};
-
 use crate::keys;
 use crate::records::{DecodeError, decode, encode};
 
@@ -42,10 +40,16 @@ use crate::records::{DecodeError, decode, encode};
 /// sled's 128 KiB threshold for storing a value as a separate blob file.
 pub(crate) const MAX_REDO_BYTES: usize = 64 * 1024;
 
+/// Each key's last change: a new value, or None to delete it. The redo
+/// record is this map encoded.
+type Changes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
 /// Changes to one tree, applied in key order; the last change of a key wins.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default)]
 pub(crate) struct ChangeSet {
-    changes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    changes: Changes,
+    /// Bytes of the keys and values `changes` holds, kept as they change.
+    bytes: usize,
 }
 
 /// What stopped a change set from being written or recovered.
@@ -62,12 +66,12 @@ pub(crate) enum ChangeSetError {
 impl ChangeSet {
     /// Sets `key` to `value`.
     pub(crate) fn insert(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.changes.insert(key, Some(value));
+        self.set(key, Some(value));
     }
 
     /// Deletes `key`.
     pub(crate) fn remove(&mut self, key: Vec<u8>) {
-        self.changes.insert(key, None);
+        self.set(key, None);
     }
 
     /// What this set does to `key`: `Some(Some(value))` writes it,
@@ -78,12 +82,19 @@ impl ChangeSet {
 
     /// Sets `key` to `value`, or deletes it when `value` is None.
     pub(crate) fn set(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let replaced = self
+            .changes
+            .get(&key)
+            .map_or(0, |previous| change_bytes(&key, previous));
+        self.bytes = self.bytes + change_bytes(&key, &value) - replaced;
         self.changes.insert(key, value);
     }
 
     /// Drops whatever this set does to `key`.
     pub(crate) fn forget(&mut self, key: &[u8]) {
-        self.changes.remove(key);
+        if let Some(previous) = self.changes.remove(key) {
+            self.bytes -= change_bytes(key, &previous);
+        }
     }
 
     /// Every change, in key order.
@@ -99,10 +110,7 @@ impl ChangeSet {
     /// Bytes of its keys and values: a lower bound of its redo record's
     /// size, known without encoding it.
     pub(crate) fn bytes(&self) -> usize {
-        self.changes
-            .iter()
-            .map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len))
-            .sum()
+        self.bytes
     }
 
     /// The changes to keys in `(from, to)`, in key order.
@@ -129,8 +137,8 @@ impl ChangeSet {
             tree.apply_batch(batch)?;
             return Ok(());
         }
-        tree.insert(keys::REDO, encode(self))?;
-        self.apply(tree)?;
+        tree.insert(keys::REDO, encode(&self.changes))?;
+        apply(&self.changes, tree)?;
         tree.remove(keys::REDO)?;
         Ok(())
     }
@@ -141,21 +149,27 @@ impl ChangeSet {
         let Some(redo) = tree.get(keys::REDO)? else {
             return Ok(false);
         };
-        let changes: ChangeSet = decode("redo record", &redo)?;
-        changes.apply(tree)?;
+        let changes: Changes = decode("redo record", &redo)?;
+        apply(&changes, tree)?;
         tree.remove(keys::REDO)?;
         Ok(true)
     }
+}
 
-    fn apply(&self, tree: &sled::Tree) -> Result<(), sled::Error> {
-        for (key, value) in &self.changes {
-            match value {
-                Some(value) => tree.insert(key, value.as_slice())?,
-                None => tree.remove(key)?,
-            };
-        }
-        Ok(())
+/// Bytes a change of `key` counts: the key and the new value, if any.
+fn change_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len)
+}
+
+/// Writes each change to `tree`, in key order.
+fn apply(changes: &Changes, tree: &sled::Tree) -> Result<(), sled::Error> {
+    for (key, value) in changes {
+        match value {
+            Some(value) => tree.insert(key, value.as_slice())?,
+            None => tree.remove(key)?,
+        };
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -213,7 +227,7 @@ mod tests {
         for index in 0u32..1_000 {
             changes.insert(index.to_be_bytes().to_vec(), vec![7; 128]);
         }
-        assert!(encode(&changes).len() > MAX_REDO_BYTES);
+        assert!(encode(&changes.changes).len() > MAX_REDO_BYTES);
         assert!(changes.bytes() > MAX_REDO_BYTES);
         changes.write(&tree).unwrap();
         assert_eq!(tree.len(), 1_000);
@@ -228,7 +242,7 @@ mod tests {
             let tree = db.open_tree("t").unwrap();
             tree.insert(b"old", b"x".as_slice()).unwrap();
             let changes = change_set();
-            tree.insert(keys::REDO, encode(&changes)).unwrap();
+            tree.insert(keys::REDO, encode(&changes.changes)).unwrap();
             tree.insert(b"a", b"1".as_slice()).unwrap();
             db.flush().unwrap();
         }

@@ -65,8 +65,6 @@ pub(crate) struct ShardTree {
 struct Unwritten {
     /// Changes applied since the last write-out began.
     pending: ChangeSet,
-    /// Bytes of the keys and values `pending` holds.
-    pending_bytes: usize,
     /// The changes a write-out in progress is writing: still read from
     /// here until sled has them all (and for good if writing them failed).
     being_written: Option<Arc<ChangeSet>>,
@@ -129,16 +127,13 @@ impl ShardTree {
                     .as_ref()
                     .is_none_or(|layer| layer.pending(&key).is_none())
                 && !self.tree.contains_key(&key)?;
-            unwritten.pending_bytes -=
-                held.map_or(0, |held| key.len() + held.map_or(0, <[u8]>::len));
             if never_written {
                 unwritten.pending.forget(&key);
             } else {
-                unwritten.pending_bytes += key.len() + value.as_ref().map_or(0, Vec::len);
                 unwritten.pending.set(key, value);
             }
         }
-        Ok(unwritten.pending_bytes)
+        Ok(unwritten.pending.bytes())
     }
 
     /// The keys the unwritten changes set (true) or delete (false).
@@ -169,7 +164,6 @@ impl ShardTree {
                 return Ok(());
             }
             let changes = Arc::new(std::mem::take(&mut unwritten.pending));
-            unwritten.pending_bytes = 0;
             unwritten.being_written = Some(changes.clone());
             changes
         };
