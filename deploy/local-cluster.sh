@@ -10,14 +10,15 @@
 #
 # Environment: FLORET (binary; default target/release/floret, built if
 # missing), FLORET_DEV_DIR (data dirs, logs and pid files; default
-# ./floret-local), FLORET_BASE_PORT (node N listens on BASE_PORT + N - 1;
-# default 7701).
+# ./floret-local), FLORET_BASE_PORT (node N's client port is BASE_PORT + N - 1,
+# default 7701; its peer port, which only the other nodes dial, is 100 above).
 set -eu
 
 dir=${FLORET_DEV_DIR:-floret-local}
 base_port=${FLORET_BASE_PORT:-7701}
 floret=${FLORET:-target/release/floret}
-peers="1=127.0.0.1:${base_port},2=127.0.0.1:$((base_port + 1)),3=127.0.0.1:$((base_port + 2))"
+peer_port=$((base_port + 100))
+peers="1=127.0.0.1:${peer_port},2=127.0.0.1:$((peer_port + 1)),3=127.0.0.1:$((peer_port + 2))"
 
 start_node() {
     id=$1

@@ -398,10 +398,6 @@ async fn shutdown_hangs_on_an_open_consume_stream() {
 async fn standard_grpc_tools_cannot_see_health_or_services() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let dir = tempfile::tempdir().unwrap();
     let node = FloretProcess::start(&dir.path().join("node"), &[]);
@@ -424,21 +420,7 @@ async fn standard_grpc_tools_cannot_see_health_or_services() {
             "health of {service:?}"
         );
     }
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = ServerReflectionClient::new(channel)
-        .server_reflection_info(tokio_stream::iter(vec![request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) =
-        responses.message().await.unwrap().unwrap().message_response
-    else {
-        panic!("reflection did not list services");
-    };
-    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    let names = harness::reflected_services(channel).await;
     for expected in [
         "floret.v1.Floret",
         "floret.v1.Admin",

@@ -161,7 +161,10 @@ pub async fn one_cluster_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 /// Several `floret serve` processes forming one cluster on loopback.
 pub struct Cluster {
     root: PathBuf,
+    /// Each node's client port.
     ports: Vec<u16>,
+    /// Each node's peer port.
+    peer_ports: Vec<u16>,
     extra_args: Vec<String>,
     nodes: Vec<Option<FloretProcess>>,
 }
@@ -170,10 +173,13 @@ impl Cluster {
     /// Starts `size` nodes (ids 1..=size) under `root`, all at once, and
     /// waits until every one serves.
     pub fn start(root: &Path, size: usize, extra_args: &[&str]) -> Self {
-        let ports = floret_chaos::ports::free_loopback_ports(size).expect("free loopback ports");
+        let mut ports =
+            floret_chaos::ports::free_loopback_ports(2 * size).expect("free loopback ports");
+        let peer_ports = ports.split_off(size);
         let mut cluster = Self {
             root: root.to_path_buf(),
             ports,
+            peer_ports,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             nodes: (0..size).map(|_| None).collect(),
         };
@@ -187,7 +193,7 @@ impl Cluster {
     fn spawn(&self, id: u64) -> Starting {
         let peers = peers_flag(
             (1..)
-                .zip(&self.ports)
+                .zip(&self.peer_ports)
                 .map(|(id, port)| (id, format!("127.0.0.1:{port}"))),
         );
         let mut args = vec![
@@ -210,6 +216,11 @@ impl Cluster {
     /// `host:port` of node `id` (whether it runs or not).
     pub fn address(&self, id: u64) -> String {
         format!("127.0.0.1:{}", self.ports[id as usize - 1])
+    }
+
+    /// `host:port` of node `id`'s peer port (whether it runs or not).
+    pub fn peer_address(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.peer_ports[id as usize - 1])
     }
 
     /// Every node's address, comma-separated, as the client takes them.
@@ -321,4 +332,31 @@ where
     })
     .await;
     assert!(held.is_some(), "{what} did not happen within {deadline:?}");
+}
+
+/// The services the server at the other end of `channel` lists by reflection.
+pub async fn reflected_services(channel: tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        responses.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("reflection did not list services");
+    };
+    list.service
+        .into_iter()
+        .map(|service| service.name)
+        .collect()
 }

@@ -1,8 +1,9 @@
 //! `floret dev`: a local cluster in one command, for trying floret out.
 //!
 //! Starts `--nodes` nodes in this process on consecutive ports of
-//! `--host`, each with its own data dir under `--data-dir`, all with the
-//! default configuration; prints where they are; stops them all on Ctrl-C.
+//! `--host` (client ports from `--base-port`, peer ports from
+//! `--base-port` + 100), each with its own data dir under `--data-dir`,
+//! all with the default configuration; prints where they are; stops them all on Ctrl-C.
 //! Run it again on the same data dir and the same cluster comes back.
 //!
 //! IMPLEMENTATION CAVEATS
@@ -17,8 +18,10 @@ use std::time::Duration;
 use anyhow::Context;
 use floret_server::Node;
 use floret_server::config::{Config, PeerConfig};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+/// A node's peer port is this far above its client port.
+const PEER_PORT_OFFSET: u16 = 100;
 
 /// How long the cluster may take to elect every shard's leader.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -31,7 +34,8 @@ pub struct DevArgs {
     /// Address the nodes listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
-    /// Port of node 1; node N listens on base_port + N - 1.
+    /// Client port of node 1; node N listens on base_port + N - 1, and its
+    /// peer port is 100 above that.
     #[arg(long, default_value_t = 7701)]
     base_port: u16,
     /// Folder holding one data dir per node (node-1, node-2, ...).
@@ -42,10 +46,12 @@ pub struct DevArgs {
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
     let address = |id: u16| SocketAddr::new(args.host, args.base_port + id - 1);
+    let peer_address =
+        |id: u16| SocketAddr::new(args.host, args.base_port + PEER_PORT_OFFSET + id - 1);
     let peers: Vec<PeerConfig> = (1..=args.nodes)
         .map(|id| PeerConfig {
             id: u64::from(id),
-            address: address(id).to_string(),
+            address: peer_address(id).to_string(),
         })
         .collect();
     let mut nodes = Vec::new();
@@ -57,11 +63,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             peers: peers.clone(),
             ..Config::default()
         };
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let listeners = floret_server::bind_listeners(&config).await?;
         let data_dir = config.data_dir.clone();
-        nodes.push((id, data_dir, Node::start(config, listener).await?));
+        nodes.push((id, data_dir, Node::start(config, listeners).await?));
     }
     for (_, _, node) in &nodes {
         node.wait_ready(READY_TIMEOUT).await?;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use floret_server::{Config, Node};
-use tokio::net::TcpListener;
 
 /// How long a starting node waits for its shards to have leaders (a node
 /// of a cluster keeps waiting, and says so, while its peers are down).
@@ -21,22 +20,31 @@ pub struct ServeArgs {
     /// This node's id (> 0).
     #[arg(long)]
     node_id: Option<u64>,
-    /// gRPC listen address; port 0 picks a free one.
+    /// The client port's address (the public gRPC API); port 0 picks a free one.
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// The peer port's address (node-to-node calls only; default: this
+    /// node's own address in --peers).
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// The address clients are told to dial for this node (default: the
+    /// client port's, with this node's --peers host when listening on 0.0.0.0).
+    #[arg(long)]
+    advertise: Option<String>,
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Number of shards (fixed when the data dir is created).
     #[arg(long)]
     shards: Option<u32>,
-    /// Every member of the cluster, this node included: `1=host:port,2=host:port,...`.
+    /// Every member of the cluster, this node included, by its peer port:
+    /// `1=host:port,2=host:port,...`.
     #[arg(long)]
     peers: Option<String>,
     /// Replicas of each shard.
     #[arg(long)]
     replication_factor: Option<usize>,
-    /// UDP address for gossip (default: the gRPC address, UDP).
+    /// UDP address for gossip (default: the peer port's address, UDP).
     #[arg(long)]
     gossip_listen: Option<SocketAddr>,
     /// Serve Prometheus metrics on this address.
@@ -54,6 +62,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if let Some(peer_listen) = args.peer_listen {
+        config.peer_listen = Some(peer_listen);
+    }
+    if let Some(advertise) = args.advertise {
+        config.advertise = Some(advertise);
     }
     if let Some(data_dir) = args.data_dir {
         config.data_dir = data_dir;
@@ -84,11 +98,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .install()
             .with_context(|| format!("cannot serve metrics on {metrics_listen}"))?;
     }
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let listeners = floret_server::bind_listeners(&config).await?;
     let node_id = config.node_id;
-    let node = Node::start(config, listener).await?;
+    let node = Node::start(config, listeners).await?;
     loop {
         match node.wait_ready(READY_TIMEOUT).await {
             Ok(()) => break,

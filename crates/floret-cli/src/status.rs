@@ -30,7 +30,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "node_id": cluster.node_id,
             "nodes": cluster.nodes.iter().map(|n| serde_json::json!({
-                "node_id": n.node_id, "address": n.address, "reachable": n.reachable,
+                "node_id": n.node_id, "address": n.address, "peer_address": n.peer_address, "reachable": n.reachable,
                 "shards_led": n.shards_led, "error": n.error, "liveness": n.liveness,
                 "heartbeat_age_ms": n.heartbeat_age_ms, "backlog_messages": n.backlog_messages,
                 "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
@@ -78,10 +78,15 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     );
     for node in &cluster.nodes {
         let state = if node.reachable { "up" } else { "unreachable" };
+        let address = if node.address.is_empty() {
+            format!("peer {}", node.peer_address)
+        } else {
+            node.address.clone()
+        };
         println!(
             "{:>5}  {:<24}  {:<11}  {:<9}  {:>7}  {:>10}  {:>10}  {:>12}  {:>9.0}{}",
             node.node_id,
-            node.address,
+            address,
             state,
             if node.liveness.is_empty() {
                 "-"

@@ -14,7 +14,7 @@ impl Client {
         Ok(self
             .admin
             .clone()
-            .cluster_status(v1::ClusterStatusRequest { local_only: false })
+            .cluster_status(v1::ClusterStatusRequest {})
             .await?
             .into_inner())
     }
@@ -22,13 +22,10 @@ impl Client {
     /// Per-queue and per-producer statistics of the whole cluster (`queue`
     /// empty = all queues).
     pub async fn queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
-        self.stats(queue, false).await
-    }
-
-    /// The same from the answering node's own shard replicas and dispatcher
-    /// only (to check what one replica holds).
-    pub async fn node_queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {
-        self.stats(queue, true).await
+        let request = v1::QueueStatsRequest {
+            queue: queue.to_owned(),
+        };
+        Ok(self.admin.clone().queue_stats(request).await?.into_inner())
     }
 
     /// The answering node's shard replicas: applied index and state digest of each.
@@ -90,7 +87,6 @@ impl Client {
         let request = v1::ListDeadLettersRequest {
             queue: queue.to_owned(),
             limit,
-            local_only: false,
         };
         Ok(self
             .admin
@@ -127,18 +123,6 @@ impl Client {
             .await?
             .into_inner()
             .count)
-    }
-
-    async fn stats(
-        &self,
-        queue: &str,
-        local_only: bool,
-    ) -> Result<QueueStatsResponse, ClientError> {
-        let request = v1::QueueStatsRequest {
-            queue: queue.to_owned(),
-            local_only,
-        };
-        Ok(self.admin.clone().queue_stats(request).await?.into_inner())
     }
 }
 

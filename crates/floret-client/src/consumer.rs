@@ -35,7 +35,6 @@ impl Consumer {
         let (requests, outbound) = mpsc::channel(OUTBOUND_BUFFER);
         let subscribe = v1::ConsumeRequest {
             request: Some(consume_request::Request::Subscribe(v1::Subscribe {
-                local_only: false,
                 queue: queue.to_owned(),
                 credits,
             })),

@@ -6,7 +6,9 @@
 //! scheduler and the store never see them.
 //!
 //! `peer::v1` is the node-to-node service (raft traffic of every shard,
-//! forwarded settles, leadership hand-back); clients never call it.
+//! forwarded produces and settles, leadership hand-back, each node's own
+//! dispatcher and figures); only the peer port serves it, and clients never
+//! call it.
 
 /// The `floret.v1` package: data plane (`Floret`) and inspection (`Admin`).
 pub mod v1 {
@@ -23,5 +25,7 @@ pub mod peer {
     }
 }
 
-/// Encoded `FileDescriptorSet` of every floret proto, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("floret_descriptor");
+/// Encoded `FileDescriptorSet` of the public API (`floret.v1`), for gRPC
+/// server reflection on the client port.
+pub const PUBLIC_FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("floret_public_descriptor");

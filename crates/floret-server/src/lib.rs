@@ -44,5 +44,5 @@ pub mod settle;
 
 pub use config::Config;
 pub use floret_store::failpoints;
-pub use node::{Node, NodeError};
+pub use node::{Node, NodeError, bind_listeners};
 pub use produce::proposer::ProposeError;

@@ -1,6 +1,8 @@
-//! Assembles a node: opens the data dir, opens the raft group of every
-//! shard it holds with its proposer and leadership watcher, the dispatcher,
-//! and the gRPC server (Floret, Admin, Peer, health, reflection); then
+//! Assembles a node: binds its two ports ([`bind_listeners`]), opens the
+//! data dir, opens the raft group of every shard it holds with its proposer
+//! and leadership watcher, the dispatcher, and the gRPC servers (Floret,
+//! Admin, health and reflection on the client port; Peer on the peer
+//! port); then
 //! bootstraps the shards (the server already answers the peers' probes and
 //! raft calls) and starts giving leaderships back to preferred replicas;
 //! and takes it all down again.
@@ -40,7 +42,7 @@ use crate::service::admin::AdminService;
 use crate::service::fan_in;
 use crate::service::floret::FloretService;
 use crate::service::peer::PeerService;
-use crate::service::server::{ReflectionError, Server, Services};
+use crate::service::server::{Listeners, ReflectionError, Server, Services};
 use crate::settle::Settler;
 
 /// How long shutdown waits for open calls (consume streams never end by
@@ -71,6 +73,17 @@ pub enum NodeError {
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
+    /// A port could not be bound.
+    #[error("cannot listen on {address} ({port} port): {source}")]
+    Bind {
+        /// Which port: client or peer.
+        port: &'static str,
+        /// The address.
+        address: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
     /// Some shard elected no leader in time.
     #[error("shard {shard} has no leader after {waited:?}")]
     NotReady {
@@ -81,9 +94,34 @@ pub enum NodeError {
     },
 }
 
+/// Binds the client port (`listen`) and, for a cluster, the peer port
+/// (`peer_listen`, by default this node's own address in `peers`).
+pub async fn bind_listeners(config: &Config) -> Result<Listeners, NodeError> {
+    let client = bind("client", &config.listen.to_string()).await?;
+    let peer = match (config.peer_listen, config.own_peer_address()) {
+        (Some(address), _) => Some(bind("peer", &address.to_string()).await?),
+        (None, Some(own)) => Some(bind("peer", own).await?),
+        (None, None) => None,
+    };
+    Ok(Listeners { client, peer })
+}
+
+async fn bind(port: &'static str, address: &str) -> Result<TcpListener, NodeError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| NodeError::Bind {
+            port,
+            address: address.to_owned(),
+            source,
+        })
+}
+
 /// A running node.
 pub struct Node {
+    /// Where clients dial it.
     address: SocketAddr,
+    /// Where the other nodes dial it; none for a one-node cluster.
+    peer_address: Option<SocketAddr>,
     shards: Arc<Shards>,
     database: Database,
     /// Set to true when the node stops: the server drains, peer streams end.
@@ -94,11 +132,17 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts a node serving on `listener` (already bound, so port 0 works).
+    /// Starts a node serving on `listeners` ([`bind_listeners`]).
     /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
-    pub async fn start(config: Config, listener: TcpListener) -> Result<Self, NodeError> {
+    pub async fn start(config: Config, listeners: Listeners) -> Result<Self, NodeError> {
         config.validate()?;
-        let address = listener.local_addr().map_err(NodeError::Listener)?;
+        let address = listeners.client.local_addr().map_err(NodeError::Listener)?;
+        let peer_address = listeners
+            .peer
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+            .map_err(NodeError::Listener)?;
         let database = Database::open_with(
             &config.data_dir,
             floret_store::StoreOptions {
@@ -138,8 +182,13 @@ impl Node {
             .groups()
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
-        let load_view =
-            LoadView::start(&config, address, shards.clone(), dispatcher.clone()).await?;
+        let load_view = LoadView::start(
+            &config,
+            peer_address.unwrap_or(address),
+            shards.clone(),
+            dispatcher.clone(),
+        )
+        .await?;
         let view = load_view.as_ref().map(LoadView::receiver);
         if let Some(view) = &view {
             shards.attach_view(view.clone());
@@ -147,17 +196,18 @@ impl Node {
         let (stopping, stopped) = watch::channel(false);
         let parts = NodeParts {
             config: &config,
-            address,
+            advertised: config.advertised_address(address),
             shards: &shards,
             proposers: &proposers,
             dispatcher,
             view,
         };
-        let server = Server::start(parts.services(stopped.clone()), listener, stopped).await?;
+        let server = Server::start(parts.services(stopped.clone()), listeners, stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
-        tracing::info!(node_id = config.node_id, %address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
+        tracing::info!(node_id = config.node_id, %address, ?peer_address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
+            peer_address,
             shards,
             database,
             stopping,
@@ -190,9 +240,14 @@ impl Node {
         self.shards.peers().others().next().is_some()
     }
 
-    /// The address the gRPC server listens on.
+    /// The client port's address.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// The peer port's address; none for a one-node cluster.
+    pub fn peer_address(&self) -> Option<SocketAddr> {
+        self.peer_address
     }
 
     /// Runs until `shutdown` resolves or the server fails, then stops cleanly.
@@ -265,7 +320,8 @@ fn background_tasks(
 /// What the services are built from.
 struct NodeParts<'a> {
     config: &'a Config,
-    address: SocketAddr,
+    /// Where clients are told to dial this node.
+    advertised: String,
     shards: &'a Arc<Shards>,
     proposers: &'a Proposers,
     dispatcher: DispatcherHandle,
@@ -283,12 +339,13 @@ impl NodeParts<'_> {
             shards.clone(),
             router.clone(),
         );
-        let produce = ProducePipeline::new(
+        let produce = Arc::new(ProducePipeline::new(
             shards.clone(),
             router.clone(),
             config.limits.clone(),
             Backpressure::new(config.backpressure.clone(), shards.clone()),
-        );
+            self.advertised.clone(),
+        ));
         let consumers = fan_in::Sources {
             dispatcher: self.dispatcher.clone(),
             settler: settler.clone(),
@@ -298,20 +355,23 @@ impl NodeParts<'_> {
             cross_node_split: config.fairness.cross_node_split,
         };
         let hand_back = HandBack::new(shards.clone(), proposers.clone(), self.dispatcher.clone());
+        let admin = Arc::new(AdminService::new(
+            shards.clone(),
+            self.dispatcher,
+            router,
+            self.advertised,
+            self.view,
+        ));
         Services {
-            floret: FloretService::new(produce, consumers),
-            admin: AdminService::new(
-                shards.clone(),
-                self.dispatcher,
-                router,
-                self.address.to_string(),
-                self.view,
-            ),
+            floret: FloretService::new(produce.clone(), consumers.clone()),
+            admin: admin.clone(),
             peer: PeerService::new(
                 shards.clone(),
-                settler,
                 proposers.clone(),
                 hand_back,
+                produce,
+                consumers,
+                admin,
                 stopped,
             ),
             max_request_bytes: config.limits.max_request_bytes,

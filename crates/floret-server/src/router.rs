@@ -20,7 +20,6 @@ use floret_cluster::{Shards, decode, encode};
 use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::peer::v1::{PeerSettleRequest, PeerSettleResponse, RaftMessage};
 use floret_proto::v1;
-use floret_proto::v1::floret_client::FloretClient;
 use floret_store::{NodeId, Op, OpReply, ShardId};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -32,10 +31,6 @@ use crate::service::status::RETRY_AFTER_MS;
 
 /// How long a call to another node may take (a leader's own commit timeout is shorter).
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Metadata key marking a produce one node forwarded to another (its value
-/// names the forwarding node); such a produce is never forwarded again.
-pub const FORWARDED_BY: &str = "floret-forwarded-by";
 
 /// Where a call about a shard goes.
 pub enum Route {
@@ -170,15 +165,11 @@ impl ShardRouter {
         request: v1::ProduceRequest,
         max_request_bytes: usize,
     ) -> Result<ProduceAnswer, RequestError> {
-        let mut forwarded = tonic::Request::new(request);
-        forwarded
-            .metadata_mut()
-            .insert(FORWARDED_BY, self.shards.node_id().into());
         let answer = self
             .call_leader(shard, node, |channel| async move {
-                FloretClient::new(channel)
+                PeerClient::new(channel)
                     .max_encoding_message_size(max_request_bytes)
-                    .produce(forwarded)
+                    .forward_produce(request)
                     .await
             })
             .await?

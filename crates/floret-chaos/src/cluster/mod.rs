@@ -5,8 +5,8 @@
 //!
 //! The faults themselves are `faults.rs`.
 //!
-//! Node `i` dials node `j` through its own proxy `i→j`; clients dial the
-//! nodes directly. Every process is killed when the cluster drops.
+//! Node `i` dials node `j`'s peer port through its own proxy `i→j`;
+//! clients dial the nodes' client ports directly. Every process is killed when the cluster drops.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Ports are picked by binding port 0 and releasing it; another process
@@ -52,7 +52,10 @@ pub struct ClusterSpec {
 
 /// One node's process, when it runs.
 struct Node {
+    /// Its client port.
     address: SocketAddr,
+    /// Its peer port, which the other nodes reach through their links.
+    peer_address: SocketAddr,
     child: Option<Child>,
     paused: bool,
 }
@@ -70,12 +73,14 @@ impl Cluster {
         std::fs::create_dir_all(&spec.root)?;
         std::fs::write(spec.root.join("floret.toml"), &spec.config)?;
         let mut nodes = BTreeMap::new();
-        let ports = crate::ports::free_loopback_ports(spec.size as usize)?;
-        for (id, port) in (1..=spec.size).zip(ports) {
+        let mut ports = crate::ports::free_loopback_ports(2 * spec.size as usize)?;
+        let peer_ports = ports.split_off(spec.size as usize);
+        for (id, (port, peer_port)) in (1..=spec.size).zip(ports.into_iter().zip(peer_ports)) {
             nodes.insert(
                 id,
                 Node {
-                    address: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                    address: SocketAddr::from(([127, 0, 0, 1], port)),
+                    peer_address: SocketAddr::from(([127, 0, 0, 1], peer_port)),
                     child: None,
                     paused: false,
                 },
@@ -85,7 +90,7 @@ impl Cluster {
         for from in 1..=spec.size {
             for to in 1..=spec.size {
                 if from != to {
-                    links.insert((from, to), Link::start(nodes[&to].address).await?);
+                    links.insert((from, to), Link::start(nodes[&to].peer_address).await?);
                 }
             }
         }
@@ -141,7 +146,7 @@ impl Cluster {
     fn spawn(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
         let peers = peers_flag(self.nodes.iter().map(|(&other, node)| {
             let address = if other == id {
-                node.address
+                node.peer_address
             } else {
                 self.links[&(id, other)].address
             };

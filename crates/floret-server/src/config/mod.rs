@@ -25,16 +25,27 @@ pub use sections::*;
 pub struct Config {
     /// This node's id in every raft group (> 0).
     pub node_id: u64,
-    /// gRPC listen address; port 0 picks a free port (the chosen one is logged and printed).
+    /// The client port: the public gRPC API (Floret, Admin, health,
+    /// reflection). Port 0 picks a free port (the chosen one is logged and
+    /// printed).
     pub listen: SocketAddr,
+    /// The peer port: node-to-node calls only (raft, forwarded produces and
+    /// settles, each node's own dispatcher and figures). By default this
+    /// node's own address in `peers`; a one-node cluster has none.
+    pub peer_listen: Option<SocketAddr>,
+    /// The address clients are told to dial for this node (in produce
+    /// answers that name a shard's leader, and in cluster status). By
+    /// default the client port's bound address, with the host of this
+    /// node's `peers` entry when it listens on an unspecified address.
+    pub advertise: Option<String>,
     /// Where the node keeps its sled database and snapshots.
     pub data_dir: PathBuf,
     /// Number of shards (raft groups); fixed for the life of the data dir.
     /// A few per node: every shard pays raft's per-entry costs, so fewer
     /// shards carry more messages per entry (see [`DEFAULT_SHARDS`]).
     pub shards: u32,
-    /// Every member of the cluster, this node included, with the address the
-    /// others dial. Empty: a one-node cluster.
+    /// Every member of the cluster, this node included, with its peer
+    /// address (the one the other nodes dial). Empty: a one-node cluster.
     pub peers: Vec<PeerConfig>,
     /// Replicas of each shard (every node when the cluster is smaller).
     pub replication_factor: usize,
@@ -72,6 +83,8 @@ impl Default for Config {
         Self {
             node_id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            peer_listen: None,
+            advertise: None,
             data_dir: PathBuf::from("floret-data"),
             shards: DEFAULT_SHARDS,
             peers: Vec::new(),
@@ -172,6 +185,12 @@ impl Config {
         if let Some(listen) = parse(&env, "FLORET_LISTEN")? {
             self.listen = listen;
         }
+        if let Some(peer_listen) = parse(&env, "FLORET_PEER_LISTEN")? {
+            self.peer_listen = Some(peer_listen);
+        }
+        if let Some(advertise) = env("FLORET_ADVERTISE") {
+            self.advertise = Some(advertise);
+        }
         if let Some(data_dir) = parse::<PathBuf>(&env, "FLORET_DATA_DIR")? {
             self.data_dir = data_dir;
         }
@@ -212,16 +231,41 @@ impl Config {
         }
     }
 
-    /// Every member's id and dialled address: the peers, or for a one-node
-    /// cluster this node at the address it is bound to.
-    pub fn members(&self, bound: SocketAddr) -> BTreeMap<u64, String> {
+    /// Every member's id and peer address: the peers, or for a one-node
+    /// cluster this node at its client address (which no one dials).
+    pub fn members(&self, client_address: SocketAddr) -> BTreeMap<u64, String> {
         if self.peers.is_empty() {
-            BTreeMap::from([(self.node_id, bound.to_string())])
+            BTreeMap::from([(self.node_id, client_address.to_string())])
         } else {
             self.peers
                 .iter()
                 .map(|peer| (peer.id, peer.address.clone()))
                 .collect()
+        }
+    }
+
+    /// This node's own entry in `peers`: the peer address the others dial.
+    pub fn own_peer_address(&self) -> Option<&str> {
+        self.peers
+            .iter()
+            .find(|peer| peer.id == self.node_id)
+            .map(|peer| peer.address.as_str())
+    }
+
+    /// The address clients are told to dial, given the client port's bound address.
+    pub fn advertised_address(&self, client_bound: SocketAddr) -> String {
+        if let Some(advertise) = &self.advertise {
+            return advertise.clone();
+        }
+        if !client_bound.ip().is_unspecified() {
+            return client_bound.to_string();
+        }
+        match self
+            .own_peer_address()
+            .and_then(|peer| peer.rsplit_once(':'))
+        {
+            Some((host, _)) => format!("{host}:{}", client_bound.port()),
+            None => client_bound.to_string(),
         }
     }
 
@@ -335,5 +379,58 @@ mod tests {
             ..Config::default()
         };
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn peer_port_on_the_client_port_is_refused() {
+        let config = Config {
+            listen: "127.0.0.1:7701".parse().unwrap(),
+            peers: parse_peers("1=127.0.0.1:7701,2=127.0.0.1:7702").unwrap(),
+            ..Config::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("peer port"), "{error}");
+        let config = Config {
+            peer_listen: Some("127.0.0.1:7701".parse().unwrap()),
+            ..Config::default()
+        };
+        assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn clients_are_told_the_peer_host_with_the_client_port_when_listening_everywhere() {
+        let config = Config {
+            node_id: 2,
+            peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+            ..Config::default()
+        };
+        assert_eq!(
+            config.advertised_address("0.0.0.0:7701".parse().unwrap()),
+            "n2:7701"
+        );
+        assert_eq!(
+            config.advertised_address("10.0.0.2:7701".parse().unwrap()),
+            "10.0.0.2:7701"
+        );
+        let config = Config {
+            advertise: Some("floret-2.example:443".into()),
+            ..config
+        };
+        assert_eq!(
+            config.advertised_address("0.0.0.0:7701".parse().unwrap()),
+            "floret-2.example:443"
+        );
+    }
+
+    #[test]
+    fn peer_listen_and_advertise_come_from_the_environment() {
+        let env = |name: &str| match name {
+            "FLORET_PEER_LISTEN" => Some("0.0.0.0:7801".to_owned()),
+            "FLORET_ADVERTISE" => Some("n1:7701".to_owned()),
+            _ => None,
+        };
+        let config = Config::load(None, env).unwrap();
+        assert_eq!(config.peer_listen, Some("0.0.0.0:7801".parse().unwrap()));
+        assert_eq!(config.advertise.as_deref(), Some("n1:7701"));
     }
 }

@@ -38,6 +38,16 @@ impl Config {
                 return Err(format!("peer {} has no address", peer.id));
             }
         }
+        let peer_port = self
+            .peer_listen
+            .map(|address| address.to_string())
+            .or_else(|| self.own_peer_address().map(str::to_owned));
+        if self.listen.port() != 0 && peer_port == Some(self.listen.to_string()) {
+            return Err(format!(
+                "the peer port ({}) must differ from the client port (listen): only the other nodes may reach it",
+                self.listen
+            ));
+        }
         if self.gossip.interval_ms == 0 || self.gossip.phi_threshold <= 0.0 {
             return Err("gossip.interval_ms and gossip.phi_threshold must be > 0".into());
         }

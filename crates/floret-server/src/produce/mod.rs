@@ -66,24 +66,21 @@ pub struct ProducePipeline {
     limits: Limits,
     rates: RateLimiter,
     backpressure: Backpressure,
-    /// This node's address as its peers dial it, named in the answers to
-    /// the produces it commits as leader.
+    /// This node's address as clients dial it, named in the answers to the
+    /// produces it commits as leader.
     leader_address: String,
 }
 
 impl ProducePipeline {
-    /// The produce path over the node's shards, with its limits and backpressure.
+    /// The produce path over the node's shards, with its limits and
+    /// backpressure; `leader_address` is where clients dial this node.
     pub fn new(
         shards: Arc<Shards>,
         router: ShardRouter,
         limits: Limits,
         backpressure: Backpressure,
+        leader_address: String,
     ) -> Self {
-        let leader_address = shards
-            .peers()
-            .address(shards.node_id())
-            .unwrap_or_default()
-            .to_owned();
         Self {
             shards,
             router,

@@ -2,7 +2,7 @@
 //! A thin adapter: a produce goes down the node's [`ProducePipeline`]
 //! (checks, routing, admission, raft); a consume merges every node's
 //! dispatcher ([`super::fan_in`]); acks go to their shard's leader
-//! ([`Settler`]).
+//! (`crate::settle::Settler`).
 //!
 //! A `ProduceMany` runs each of its produces down the same pipeline, all
 //! driven by the one task that streams their outcomes back (no task per
@@ -19,12 +19,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
-use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleCode, SettleKind};
+use crate::deliver::{SettleCode, SettleKind};
 use crate::error::RequestError;
 use crate::produce::{ProduceAnswer, ProducePipeline};
 use crate::request::{self, InvalidRequest};
-use crate::router::FORWARDED_BY;
-use crate::settle::Settler;
 
 /// Most produces in one `ProduceMany`.
 pub const MAX_PRODUCES_PER_CALL: usize = 10_000;
@@ -40,11 +38,8 @@ pub struct FloretService {
 
 impl FloretService {
     /// A service over the node's produce path and consumer sources.
-    pub fn new(produce: ProducePipeline, sources: fan_in::Sources) -> Self {
-        Self {
-            produce: Arc::new(produce),
-            sources,
-        }
+    pub fn new(produce: Arc<ProducePipeline>, sources: fan_in::Sources) -> Self {
+        Self { produce, sources }
     }
 }
 
@@ -67,7 +62,7 @@ fn outcome(index: usize, result: Result<ProduceAnswer, RequestError>) -> v1::Pro
     }
 }
 
-fn produce_response(answer: ProduceAnswer) -> v1::ProduceResponse {
+pub(crate) fn produce_response(answer: ProduceAnswer) -> v1::ProduceResponse {
     v1::ProduceResponse {
         sequences: answer.sequences,
         duplicate: answer.duplicate,
@@ -81,10 +76,9 @@ impl v1::floret_server::Floret for FloretService {
         &self,
         request: Request<v1::ProduceRequest>,
     ) -> Result<Response<v1::ProduceResponse>, Status> {
-        let forwarded = request.metadata().contains_key(FORWARDED_BY);
         let now_ms = now_unix_ms();
         let batch = self.produce.parse(request.into_inner(), now_ms)?;
-        let answer = self.produce.produce(batch, forwarded, now_ms).await?;
+        let answer = self.produce.produce(batch, false, now_ms).await?;
         Ok(Response::new(produce_response(answer)))
     }
 
@@ -94,7 +88,6 @@ impl v1::floret_server::Floret for FloretService {
         &self,
         request: Request<v1::ProduceManyRequest>,
     ) -> Result<Response<Self::ProduceManyStream>, Status> {
-        let forwarded = request.metadata().contains_key(FORWARDED_BY);
         let now_ms = now_unix_ms();
         let produces = request.into_inner().produces;
         if produces.is_empty() {
@@ -116,7 +109,7 @@ impl v1::floret_server::Floret for FloretService {
                 Ok(batch) => {
                     let pipeline = self.produce.clone();
                     pending.push(async move {
-                        let result = pipeline.produce(batch, forwarded, now_ms).await;
+                        let result = pipeline.produce(batch, false, now_ms).await;
                         outcome(index, result)
                     });
                 }
@@ -137,45 +130,11 @@ impl v1::floret_server::Floret for FloretService {
         request: Request<Streaming<v1::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let mut inbound = request.into_inner();
-        let first = inbound.message().await?.ok_or(InvalidRequest::Malformed(
-            "the consume stream ended before a subscribe",
-        ))?;
-        let Some(consume_request::Request::Subscribe(subscribe)) = first.request else {
-            return Err(InvalidRequest::Malformed(
-                "the first request on a consume stream must be a subscribe",
-            )
-            .into());
-        };
-        let queue = request::queue_name(&subscribe.queue)?;
-        let credits = request::credits(subscribe.credits)?;
-        if !subscribe.local_only {
-            let (outbound, responses) = mpsc::unbounded_channel();
-            fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
-            return Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
-                responses,
-            ))));
-        }
-        let (events, deliveries) = mpsc::unbounded_channel();
-        let (failures, failed) = mpsc::unbounded_channel::<Status>();
-        let consumer = self
-            .sources
-            .dispatcher
-            .subscribe(queue, credits, events.clone(), true)
-            .await
-            .map_err(Status::from)?;
-        tokio::spawn(read_consumer_requests(
-            inbound,
-            consumer,
-            self.sources.dispatcher.clone(),
-            self.sources.settler.clone(),
-            events,
-            failures,
-        ));
-        let deliveries = UnboundedReceiverStream::new(deliveries)
-            .map(|event| Ok(convert::consume_response(event)));
-        let failed = UnboundedReceiverStream::new(failed).map(Err);
-        Ok(Response::new(Box::pin(futures::stream::select(
-            deliveries, failed,
+        let (queue, credits) = read_subscribe(&mut inbound).await?;
+        let (outbound, responses) = mpsc::unbounded_channel();
+        fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
+            responses,
         ))))
     }
 
@@ -216,70 +175,21 @@ impl v1::floret_server::Floret for FloretService {
     }
 }
 
-/// Reads credits, acks and nacks from a consumer until its stream ends or
-/// misbehaves; then the dispatcher takes back what the consumer held.
-async fn read_consumer_requests(
-    mut inbound: Streaming<v1::ConsumeRequest>,
-    consumer: ConsumerId,
-    dispatcher: DispatcherHandle,
-    settler: Settler,
-    events: mpsc::UnboundedSender<ConsumerEvent>,
-    failures: mpsc::UnboundedSender<Status>,
-) {
-    loop {
-        let request = match inbound.message().await {
-            Ok(Some(request)) => request,
-            Ok(None) => break,
-            Err(status) => {
-                tracing::debug!(consumer, %status, "consume stream failed");
-                break;
-            }
-        };
-        let result = match request.request {
-            Some(consume_request::Request::Credit(credit)) if credit.set => dispatcher
-                .set_credits(consumer, credit.credits)
-                .map_err(Status::from),
-            Some(consume_request::Request::Credit(credit)) => request::credits(credit.credits)
-                .map_err(Status::from)
-                .and_then(|credits| dispatcher.credit(consumer, credits).map_err(Status::from)),
-            Some(consume_request::Request::Ack(settle)) => request::settle_kind(false, &settle)
-                .map_err(Status::from)
-                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
-            Some(consume_request::Request::Nack(settle)) => request::settle_kind(true, &settle)
-                .map_err(Status::from)
-                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
-            Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
-                "this stream is already subscribed; open another stream for another queue",
-            )
-            .into()),
-            None => Err(InvalidRequest::Malformed("empty consume request").into()),
-        };
-        if let Err(status) = result {
-            let _consumer_gone = failures.send(status);
-            break;
-        }
-    }
-    dispatcher.consumer_gone(consumer);
-}
-
-/// Settles in its own task, so a consumer's next requests are read while
-/// its acks commit; the outcomes come back on the stream.
-fn settle_on_stream(
-    settler: &Settler,
-    kind: SettleKind,
-    settle: v1::Settle,
-    events: &mpsc::UnboundedSender<ConsumerEvent>,
-) -> Result<(), Status> {
-    if settle.delivery_ids.is_empty() {
-        return Err(
-            InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
-        );
-    }
-    let (settler, events) = (settler.clone(), events.clone());
-    tokio::spawn(async move {
-        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
-            let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
-        }
-    });
-    Ok(())
+/// Reads the subscribe that must open a consume stream: its queue and credits.
+pub(crate) async fn read_subscribe(
+    inbound: &mut Streaming<v1::ConsumeRequest>,
+) -> Result<(String, u32), Status> {
+    let first = inbound.message().await?.ok_or(InvalidRequest::Malformed(
+        "the consume stream ended before a subscribe",
+    ))?;
+    let Some(consume_request::Request::Subscribe(subscribe)) = first.request else {
+        return Err(InvalidRequest::Malformed(
+            "the first request on a consume stream must be a subscribe",
+        )
+        .into());
+    };
+    Ok((
+        request::queue_name(&subscribe.queue)?,
+        request::credits(subscribe.credits)?,
+    ))
 }

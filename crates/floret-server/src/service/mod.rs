@@ -5,6 +5,7 @@ pub(crate) mod convert;
 mod credit_split;
 pub(crate) mod fan_in;
 pub mod floret;
+mod own_dispatcher;
 pub mod peer;
 pub mod server;
 pub mod status;

@@ -1,16 +1,18 @@
-//! The `floret.peer.v1.Peer` service: what the other nodes of the cluster
-//! ask of this one. Raft RPCs for the shards it holds (appends of every
-//! shard arrive on one stream per peer, each handled as its own task and
-//! answered as soon as it is done), which shards it has initialised (for
-//! bootstrap), settles of deliveries whose leases are here, operations to
-//! commit in shards it leads (the calling side is
-//! [`crate::router::ShardRouter`]), and the hand-back of a shard's
-//! leadership to its preferred replica (decided in
+//! The `floret.peer.v1.Peer` service, served on the peer port only: what
+//! the other nodes of the cluster ask of this one. Raft RPCs for the shards
+//! it holds (appends of every shard arrive on one stream per peer, each
+//! handled as its own task and answered as soon as it is done), which
+//! shards it has initialised (for bootstrap), settles of deliveries whose
+//! leases are here, produces and operations to commit in shards it leads
+//! (the calling side is [`crate::router::ShardRouter`]), the hand-back of a
+//! shard's leadership to its preferred replica (decided in
 //! [`crate::leadership::hand_back`]; openraft 0.9 has no leadership
-//! transfer).
+//! transfer), and this node's own dispatcher (`own_dispatcher.rs`) and
+//! figures (`admin/own.rs`) for the node that merges every node's.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Callers are trusted: no authentication between nodes yet.
+//! - Callers are trusted: the peer port has no authentication between nodes
+//!   yet, so it must be reachable only by the cluster's nodes.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,20 +28,27 @@ use tokio::sync::{mpsc, watch};
 use tonic::Streaming;
 use tonic::{Request, Response, Status};
 
-use super::convert;
+use super::admin::AdminService;
+use super::floret::{ConsumeStream, produce_response};
+use super::{convert, fan_in, now_unix_ms, own_dispatcher};
 use crate::deliver::SettleKind;
 use crate::error::RequestError;
 use crate::leadership::hand_back::HandBack;
+use crate::produce::ProducePipeline;
 use crate::produce::proposer::Proposers;
 use crate::request::InvalidRequest;
-use crate::settle::Settler;
 
 /// Serves the other nodes.
 pub struct PeerService {
     shards: Arc<Shards>,
-    settler: Settler,
     proposers: Proposers,
     hand_back: HandBack,
+    /// The produce path, for produces other nodes forward here.
+    produce: Arc<ProducePipeline>,
+    /// This node's dispatcher and settler, for the other nodes' consumers.
+    sources: fan_in::Sources,
+    /// This node's own figures.
+    admin: Arc<AdminService>,
     /// Becomes true when the node stops: open append streams end then, so
     /// the server's drain does not wait for peers to close them.
     stopping: watch::Receiver<bool>,
@@ -49,16 +58,20 @@ impl PeerService {
     /// The peer side of this node.
     pub fn new(
         shards: Arc<Shards>,
-        settler: Settler,
         proposers: Proposers,
         hand_back: HandBack,
+        produce: Arc<ProducePipeline>,
+        sources: fan_in::Sources,
+        admin: Arc<AdminService>,
         stopping: watch::Receiver<bool>,
     ) -> Self {
         Self {
             shards,
-            settler,
             proposers,
             hand_back,
+            produce,
+            sources,
+            admin,
             stopping,
         }
     }
@@ -247,6 +260,7 @@ impl Peer for PeerService {
             (false, true) => SettleKind::DeadLetter,
         };
         let outcomes = self
+            .sources
             .settler
             .settle_here(kind, request.delivery_ids)
             .await
@@ -308,5 +322,61 @@ impl Peer for PeerService {
             },
         };
         Ok(Response::new(answer))
+    }
+
+    async fn forward_produce(
+        &self,
+        request: Request<floret_proto::v1::ProduceRequest>,
+    ) -> Result<Response<floret_proto::v1::ProduceResponse>, Status> {
+        let now_ms = now_unix_ms();
+        let batch = self.produce.parse(request.into_inner(), now_ms)?;
+        let answer = self.produce.produce(batch, true, now_ms).await?;
+        Ok(Response::new(produce_response(answer)))
+    }
+
+    type ConsumeStream = ConsumeStream;
+
+    async fn consume(
+        &self,
+        request: Request<Streaming<floret_proto::v1::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        own_dispatcher::serve(&self.sources, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn node_status(
+        &self,
+        _request: Request<v1::NodeStatusRequest>,
+    ) -> Result<Response<floret_proto::v1::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.admin.local_view()))
+    }
+
+    async fn node_queue_stats(
+        &self,
+        request: Request<floret_proto::v1::QueueStatsRequest>,
+    ) -> Result<Response<floret_proto::v1::QueueStatsResponse>, Status> {
+        self.admin
+            .own_queue_stats(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn led_dead_letters(
+        &self,
+        request: Request<floret_proto::v1::ListDeadLettersRequest>,
+    ) -> Result<Response<floret_proto::v1::ListDeadLettersResponse>, Status> {
+        self.admin
+            .own_dead_letters(request.get_ref())
+            .map(Response::new)
+    }
+
+    async fn replica_policy(
+        &self,
+        request: Request<floret_proto::v1::GetPolicyRequest>,
+    ) -> Result<Response<floret_proto::v1::GetPolicyResponse>, Status> {
+        self.admin
+            .own_replica_policy(request.get_ref())
+            .map(Response::new)
     }
 }

@@ -1,11 +1,15 @@
-//! The node's gRPC server: one listener serving health, reflection, Floret,
-//! Admin and Peer; NOT_SERVING until the node reports it ready; draining
-//! open calls for a bounded time when the node stops.
+//! The node's gRPC servers, one per port: the client port serves the public
+//! API (health, reflection of `floret.v1` alone, Floret, Admin), where
+//! every `floret.peer.v1` method answers UNIMPLEMENTED; the peer port
+//! serves the Peer service alone, to the other nodes. Health answers
+//! NOT_SERVING until the node reports it ready; both drain open calls for
+//! a bounded time when the node stops.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Clients and peers share the one listener (the peer API is not yet on
-//!   a port of its own).
+//! - Neither port has TLS yet, and the peer port does not authenticate its
+//!   callers: it must be reachable only by the cluster's nodes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use floret_cluster::MAX_PEER_MESSAGE_BYTES;
@@ -35,7 +39,7 @@ pub struct Services {
     /// The data plane.
     pub floret: FloretService,
     /// Operations.
-    pub admin: AdminService,
+    pub admin: Arc<AdminService>,
     /// Node to node.
     pub peer: PeerService,
     /// Largest request a client may send.
@@ -47,7 +51,15 @@ pub struct Services {
 #[error("cannot set up gRPC reflection: {0}")]
 pub struct ReflectionError(String);
 
-/// The running server.
+/// The node's two listeners, bound before it starts (so port 0 works).
+pub struct Listeners {
+    /// The client port.
+    pub client: TcpListener,
+    /// The peer port; none for a one-node cluster, which has no peers.
+    pub peer: Option<TcpListener>,
+}
+
+/// The running servers.
 pub struct Server {
     health: HealthReporter,
     /// The serving task, until it has ended (then it must not be awaited again).
@@ -55,41 +67,45 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `services` on `listener` until `stopped` turns true; health
+    /// Serves `services` on `listeners` until `stopped` turns true; health
     /// answers NOT_SERVING until [`Server::report_serving`].
     pub async fn start(
         services: Services,
-        listener: TcpListener,
-        mut stopped: watch::Receiver<bool>,
+        listeners: Listeners,
+        stopped: watch::Receiver<bool>,
     ) -> Result<Self, ReflectionError> {
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("", ServingStatus::NotServing)
             .await;
         let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(floret_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(floret_proto::PUBLIC_FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| ReflectionError(e.to_string()))?;
         let floret = FloretServer::new(services.floret)
             .max_decoding_message_size(services.max_request_bytes);
-        let peer = PeerServer::new(services.peer)
-            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
-        let admin = AdminServer::new(services.admin);
-        let task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
-                .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(floret)
-                .add_service(admin)
+        let admin = AdminServer::from_arc(services.admin);
+        let client_port = builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(floret)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(incoming(listeners.client), node_stops(stopped.clone()));
+        let peer_port = listeners.peer.map(|listener| {
+            let peer = PeerServer::new(services.peer)
+                .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+            builder()
                 .add_service(peer)
-                .serve_with_incoming_shutdown(incoming(listener), async move {
-                    let _sender_gone = stopped.wait_for(|stopping| *stopping).await;
-                }),
-        );
+                .serve_with_incoming_shutdown(incoming(listener), node_stops(stopped))
+        });
+        let task = tokio::spawn(async move {
+            match peer_port {
+                Some(peer_port) => tokio::try_join!(client_port, peer_port).map(|_| ()),
+                None => client_port.await,
+            }
+        });
         Ok(Self {
             health,
             task: Some(task),
@@ -114,7 +130,7 @@ impl Server {
             .await;
     }
 
-    /// Resolves if the server stops by itself (it failed), saying how.
+    /// Resolves if a server stops by itself (it failed), saying how.
     pub async fn failed(&mut self) {
         let Some(task) = &mut self.task else {
             return std::future::pending().await;
@@ -148,6 +164,18 @@ impl Server {
             }
         }
     }
+}
+
+/// Both ports' settings.
+fn builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+}
+
+/// Resolves once the node starts to stop (or is gone).
+async fn node_stops(mut stopped: watch::Receiver<bool>) {
+    let _sender_gone = stopped.wait_for(|stopping| *stopping).await;
 }
 
 /// Accepted connections with Nagle off (a produce answer must not wait for

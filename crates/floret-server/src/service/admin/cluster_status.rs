@@ -18,7 +18,7 @@ fn resident_bytes() -> Option<u64> {
 
 impl AdminService {
     /// This node's own view: itself, and the shards it holds.
-    pub(super) fn local_view(&self) -> v1::ClusterStatusResponse {
+    pub(crate) fn local_view(&self) -> v1::ClusterStatusResponse {
         let node_id = self.shards.node_id();
         let replicas = self.shards.replicas();
         let shards: Vec<v1::ShardStatus> = self
@@ -79,12 +79,12 @@ impl AdminService {
             .iter()
             .map(|(&node_id, view)| match view {
                 Ok(view) => v1::NodeStatus {
-                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    peer_address: peers.address(node_id).unwrap_or_default().to_owned(),
                     ..view.nodes.first().cloned().unwrap_or_default()
                 },
                 Err(error) => v1::NodeStatus {
                     node_id,
-                    address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    peer_address: peers.address(node_id).unwrap_or_default().to_owned(),
                     reachable: false,
                     error: error.clone(),
                     ..Default::default()

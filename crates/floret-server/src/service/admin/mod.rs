@@ -6,8 +6,8 @@
 //! (read from the state machines, off the async runtime) with the
 //! dispatcher's in-memory delivery counters.
 //!
-//! Cluster status asks every peer for its own view (`local_only`) and merges
-//! them: each shard as its leader sees it, with every replica's applied
+//! Cluster status asks every peer for its own view (over the peer port,
+//! `own.rs` answers there) and merges them: each shard as its leader sees it, with every replica's applied
 //! index and lag, and every node's reachability and gossip verdict. Queue
 //! statistics do the same: each producer as the leader of its shard reports
 //! it (durable counters, deliveries and dwell times in the recent window,
@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floret_cluster::{Shards, View};
+use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::v1;
 use floret_store::NodeId;
 use tokio::sync::watch;
@@ -36,6 +37,7 @@ use crate::request;
 use crate::router::ShardRouter;
 
 mod cluster_status;
+mod own;
 mod policies;
 mod queue_stats;
 
@@ -73,16 +75,13 @@ impl AdminService {
 impl v1::admin_server::Admin for AdminService {
     async fn cluster_status(
         &self,
-        request: Request<v1::ClusterStatusRequest>,
+        _request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
         let local = self.local_view();
-        if request.into_inner().local_only {
-            return Ok(Response::new(local));
-        }
         let mut views = self
             .ask_peers(|mut client| async move {
                 client
-                    .cluster_status(v1::ClusterStatusRequest { local_only: true })
+                    .node_status(floret_proto::peer::v1::NodeStatusRequest {})
                     .await
             })
             .await;
@@ -99,7 +98,7 @@ impl v1::admin_server::Admin for AdminService {
             .then(|| request::queue_name(&request.queue))
             .transpose()?;
         let local = self.local_stats(wanted).await?;
-        if request.local_only || self.shards.peers().others().next().is_none() {
+        if self.shards.peers().others().next().is_none() {
             return Ok(Response::new(local));
         }
         let queue = request.queue;
@@ -108,10 +107,7 @@ impl v1::admin_server::Admin for AdminService {
                 let queue = queue.clone();
                 async move {
                     client
-                        .queue_stats(v1::QueueStatsRequest {
-                            queue,
-                            local_only: true,
-                        })
+                        .node_queue_stats(v1::QueueStatsRequest { queue })
                         .await
                 }
             })
@@ -200,17 +196,17 @@ fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl AdminService {
-    /// Asks every other node's Admin service with `call` (their own view,
-    /// `local_only`), each within [`PEER_STATUS_TIMEOUT`]: per node, the
-    /// answer or why there is none.
+    /// Asks every other node's peer port with `call` (their own view),
+    /// each within [`PEER_STATUS_TIMEOUT`]: per node, the answer or why
+    /// there is none.
     async fn ask_peers<T, F, Fut>(&self, call: F) -> BTreeMap<NodeId, Result<T, String>>
     where
-        F: Fn(v1::admin_client::AdminClient<Channel>) -> Fut,
+        F: Fn(PeerClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
         let peers = self.shards.peers();
         let asks = peers.others().map(|node| {
-            let client = peers.channel(node).map(v1::admin_client::AdminClient::new);
+            let client = peers.peer_client(node);
             let call = client.map(&call);
             async move {
                 let Some(call) = call else {

@@ -84,28 +84,52 @@ impl AdminService {
     ) -> Result<Response<v1::GetPolicyResponse>, Status> {
         let queue = request::queue_name(&request.queue)?;
         let producer = optional_producer(&request.producer_id)?;
-        let shard = match &producer {
-            Some(producer) => self.shards.placement().shard_of(&queue, producer),
-            None => self.shards.groups().next().map_or(0, |group| group.id),
-        };
-        let Some(group) = self.shards.group(shard) else {
+        let shard = self.policy_shard(&queue, producer.as_deref());
+        if self.shards.group(shard).is_none() {
             return self
                 .get_policy_from(self.shards.route(shard), request)
                 .await;
+        }
+        self.policy_from_own_replica(&queue, producer.as_deref(), shard)
+            .map(Response::new)
+    }
+
+    /// The shard a policy is read from: the producer's, or for a queue's
+    /// defaults (committed in every shard) the first shard this node holds.
+    pub(super) fn policy_shard(&self, queue: &str, producer: Option<&str>) -> ShardId {
+        match producer {
+            Some(producer) => self.shards.placement().shard_of(queue, producer),
+            None => self.shards.groups().next().map_or(0, |group| group.id),
+        }
+    }
+
+    /// `queue`'s policy (and `producer`'s, if given) as this node's replica
+    /// of `shard` holds it.
+    pub(super) fn policy_from_own_replica(
+        &self,
+        queue: &str,
+        producer: Option<&str>,
+        shard: ShardId,
+    ) -> Result<v1::GetPolicyResponse, Status> {
+        let Some(group) = self.shards.group(shard) else {
+            return Err(Status::from(RequestError::unavailable(format!(
+                "node {} holds no replica of shard {shard}",
+                self.shards.node_id()
+            ))));
         };
-        let defaults = group.reader.stored_policy(&queue, None);
-        let (own, effective) = match &producer {
+        let defaults = group.reader.stored_policy(queue, None);
+        let (own, effective) = match producer {
             Some(producer) => (
-                group.reader.stored_policy(&queue, Some(producer)),
-                group.reader.policy(&queue, producer),
+                group.reader.stored_policy(queue, Some(producer)),
+                group.reader.policy(queue, producer),
             ),
             None => (Default::default(), defaults),
         };
-        Ok(Response::new(v1::GetPolicyResponse {
+        Ok(v1::GetPolicyResponse {
             queue_defaults: Some(policy::to_wire(defaults)),
             producer_override: Some(policy::to_wire(own)),
             effective: Some(policy::to_wire(policy::with_defaults(effective))),
-        }))
+        })
     }
 
     async fn get_policy_from(
@@ -113,61 +137,53 @@ impl AdminService {
         node: floret_store::NodeId,
         request: v1::GetPolicyRequest,
     ) -> Result<Response<v1::GetPolicyResponse>, Status> {
-        let Some(channel) = self.shards.peers().channel(node) else {
+        let Some(mut client) = self.shards.peers().peer_client(node) else {
             return Err(Status::from(RequestError::unavailable(format!(
                 "node {node} holds the policy and is not a member"
             ))));
         };
-        let mut client = v1::admin_client::AdminClient::new(channel);
-        client.get_policy(request).await
+        client.replica_policy(request).await
     }
 
     pub(super) async fn list_dead_letters_everywhere(
         &self,
         request: v1::ListDeadLettersRequest,
     ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
-        let queue = request::queue_name(&request.queue)?;
-        let limit = match request.limit as usize {
-            0 => DEFAULT_DEAD_LETTER_LIMIT,
-            limit => limit.min(MAX_DEAD_LETTER_LIMIT),
-        };
+        let (queue, limit) = dead_letter_listing(&request)?;
         let mut found = self.led_dead_letters(&queue, limit)?;
-        if !request.local_only {
-            let answers = self
-                .ask_peers(|mut client| {
-                    let queue = queue.clone();
-                    async move {
-                        client
-                            .list_dead_letters(v1::ListDeadLettersRequest {
-                                queue,
-                                limit: limit as u32,
-                                local_only: true,
-                            })
-                            .await
-                    }
-                })
-                .await;
-            let shard_count = self.shards.placement().shard_count();
-            for (node, answer) in answers {
-                match answer {
-                    Ok(answer) => found.extend(answer.dead_letters),
-                    Err(why) => {
-                        let led: Vec<ShardId> = (0..shard_count)
-                            .filter(|&shard| self.shards.route(shard) == node)
-                            .collect();
-                        if !led.is_empty() {
-                            return Err(Status::from(RequestError::unavailable(format!(
-                                "node {node}, which leads shards {led:?}, did not answer ({why}); their dead letters would be missing, retry"
-                            ))));
-                        }
+        let answers = self
+            .ask_peers(|mut client| {
+                let queue = queue.clone();
+                async move {
+                    client
+                        .led_dead_letters(v1::ListDeadLettersRequest {
+                            queue,
+                            limit: limit as u32,
+                        })
+                        .await
+                }
+            })
+            .await;
+        let shard_count = self.shards.placement().shard_count();
+        for (node, answer) in answers {
+            match answer {
+                Ok(answer) => found.extend(answer.dead_letters),
+                Err(why) => {
+                    let led: Vec<ShardId> = (0..shard_count)
+                        .filter(|&shard| self.shards.route(shard) == node)
+                        .collect();
+                    if !led.is_empty() {
+                        return Err(Status::from(RequestError::unavailable(format!(
+                            "node {node}, which leads shards {led:?}, did not answer ({why}); their dead letters would be missing, retry"
+                        ))));
                     }
                 }
             }
-            found.sort_by(|a, b| {
-                (a.dead_lettered_at_unix_ms, &a.id).cmp(&(b.dead_lettered_at_unix_ms, &b.id))
-            });
-            found.truncate(limit);
         }
+        found.sort_by(|a, b| {
+            (a.dead_lettered_at_unix_ms, &a.id).cmp(&(b.dead_lettered_at_unix_ms, &b.id))
+        });
+        found.truncate(limit);
         Ok(Response::new(v1::ListDeadLettersResponse {
             dead_letters: found,
         }))
@@ -175,7 +191,11 @@ impl AdminService {
 
     /// Up to `limit` dead letters of `queue` from the shards this node leads,
     /// oldest first.
-    fn led_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<v1::DeadLetter>, Status> {
+    pub(super) fn led_dead_letters(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<Vec<v1::DeadLetter>, Status> {
         let mut found = Vec::new();
         for group in self.shards.groups() {
             if !self.shards.leads(group.id) {
@@ -254,7 +274,19 @@ impl AdminService {
 }
 
 /// An empty producer id means "the queue's defaults".
-fn optional_producer(producer: &str) -> Result<Option<String>, Status> {
+/// The queue and the number of dead letters a listing asks for.
+pub(super) fn dead_letter_listing(
+    request: &v1::ListDeadLettersRequest,
+) -> Result<(String, usize), Status> {
+    let queue = request::queue_name(&request.queue)?;
+    let limit = match request.limit as usize {
+        0 => DEFAULT_DEAD_LETTER_LIMIT,
+        limit => limit.min(MAX_DEAD_LETTER_LIMIT),
+    };
+    Ok((queue, limit))
+}
+
+pub(super) fn optional_producer(producer: &str) -> Result<Option<String>, Status> {
     if producer.is_empty() {
         return Ok(None);
     }

@@ -206,7 +206,7 @@ impl Merge {
         match request.request {
             Some(consume_request::Request::Credit(credit)) if credit.set => {
                 Err(InvalidRequest::Malformed(
-                    "credit.set is for streams between nodes (local_only); consumers add credits",
+                    "credit.set is for the streams between nodes (on the peer port); consumers add credits",
                 )
                 .into())
             }

@@ -2,7 +2,7 @@
 //!
 //! Each node's dispatcher delivers only from the shards that node leads. A
 //! consumer connected to one node still gets every shard's messages: that
-//! node subscribes to its own dispatcher and, with `local_only` set, to
+//! node subscribes to its own dispatcher and, over the peer port, to
 //! every peer's, and merges the deliveries into the consumer's stream.
 //!
 //! Credits: the consumer's credits not yet promised to a node are split

@@ -1,11 +1,13 @@
-//! One peer's dispatcher as a source of a merge: a `local_only` consume
-//! stream kept open to the peer while the merge lives, its deliveries
+//! One peer's dispatcher as a source of a merge: a consume stream of its
+//! own dispatcher (`Peer.Consume`, on its peer port) kept open while the
+//! merge lives, its deliveries
 //! passed in and the merge's credits passed out; a broken stream is opened
 //! again after a pause.
 
 use std::sync::Arc;
 
 use floret_cluster::Peers;
+use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
 use tokio::sync::mpsc;
@@ -25,7 +27,7 @@ pub(super) struct PeerSource {
     pub peers: Arc<Peers>,
 }
 
-/// Keeps a `local_only` consume stream open to one peer while the merge
+/// Keeps a consume stream of one peer's own dispatcher open while the merge
 /// lives, passing its deliveries in and the merge's credits out.
 pub(super) async fn follow_peer(
     source: PeerSource,
@@ -69,7 +71,7 @@ pub(super) async fn follow_peer(
     }
 }
 
-/// Opens a `local_only` consume stream of the source's queue on its node,
+/// Opens a consume stream of the source's queue on its node's own dispatcher,
 /// with one credit; `requests` feeds `outgoing`, the stream's requests.
 async fn open(
     source: &PeerSource,
@@ -81,12 +83,10 @@ async fn open(
         request: Some(consume_request::Request::Subscribe(v1::Subscribe {
             queue: source.queue.clone(),
             credits: 1,
-            local_only: true,
         })),
     };
     let _ = requests.send(subscribe);
-    let mut client =
-        v1::floret_client::FloretClient::new(channel).max_decoding_message_size(MAX_DELIVERY_BYTES);
+    let mut client = PeerClient::new(channel).max_decoding_message_size(MAX_DELIVERY_BYTES);
     let opened = tokio::time::timeout(
         OPEN_TIMEOUT,
         client.consume(UnboundedReceiverStream::new(outgoing)),

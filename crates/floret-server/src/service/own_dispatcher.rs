@@ -1,0 +1,117 @@
+//! A consume stream of this node's own dispatcher (the shards it leads),
+//! served on the peer port to a node that merges every node's dispatcher
+//! for one of its consumers (`fan_in/peer_source.rs` is the other end).
+//! Credits, acks and nacks arrive on the stream; `Credit.set` lets the
+//! merging node move the consumer's credits to where the backlog is.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - The deliveries waiting to be sent are not bounded by the stream's
+//!   credits yet.
+
+use floret_proto::v1::{self, consume_request};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::floret::{ConsumeStream, read_subscribe};
+use super::{convert, fan_in};
+use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::request::{self, InvalidRequest};
+use crate::settle::Settler;
+
+/// Serves a consume stream of this node's own dispatcher from `sources`;
+/// its first request must be a subscribe.
+pub(crate) async fn serve(
+    sources: &fan_in::Sources,
+    mut inbound: Streaming<v1::ConsumeRequest>,
+) -> Result<ConsumeStream, Status> {
+    let (queue, credits) = read_subscribe(&mut inbound).await?;
+    let (events, deliveries) = mpsc::unbounded_channel();
+    let (failures, failed) = mpsc::unbounded_channel::<Status>();
+    let consumer = sources
+        .dispatcher
+        .subscribe(queue, credits, events.clone(), true)
+        .await
+        .map_err(Status::from)?;
+    tokio::spawn(read_consumer_requests(
+        inbound,
+        consumer,
+        sources.dispatcher.clone(),
+        sources.settler.clone(),
+        events,
+        failures,
+    ));
+    let deliveries =
+        UnboundedReceiverStream::new(deliveries).map(|event| Ok(convert::consume_response(event)));
+    let failed = UnboundedReceiverStream::new(failed).map(Err);
+    Ok(Box::pin(futures::stream::select(deliveries, failed)))
+}
+
+/// Reads credits, acks and nacks from a consumer until its stream ends or
+/// misbehaves; then the dispatcher takes back what the consumer held.
+async fn read_consumer_requests(
+    mut inbound: Streaming<v1::ConsumeRequest>,
+    consumer: ConsumerId,
+    dispatcher: DispatcherHandle,
+    settler: Settler,
+    events: mpsc::UnboundedSender<ConsumerEvent>,
+    failures: mpsc::UnboundedSender<Status>,
+) {
+    loop {
+        let request = match inbound.message().await {
+            Ok(Some(request)) => request,
+            Ok(None) => break,
+            Err(status) => {
+                tracing::debug!(consumer, %status, "consume stream failed");
+                break;
+            }
+        };
+        let result = match request.request {
+            Some(consume_request::Request::Credit(credit)) if credit.set => dispatcher
+                .set_credits(consumer, credit.credits)
+                .map_err(Status::from),
+            Some(consume_request::Request::Credit(credit)) => request::credits(credit.credits)
+                .map_err(Status::from)
+                .and_then(|credits| dispatcher.credit(consumer, credits).map_err(Status::from)),
+            Some(consume_request::Request::Ack(settle)) => request::settle_kind(false, &settle)
+                .map_err(Status::from)
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
+            Some(consume_request::Request::Nack(settle)) => request::settle_kind(true, &settle)
+                .map_err(Status::from)
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
+            Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
+                "this stream is already subscribed; open another stream for another queue",
+            )
+            .into()),
+            None => Err(InvalidRequest::Malformed("empty consume request").into()),
+        };
+        if let Err(status) = result {
+            let _consumer_gone = failures.send(status);
+            break;
+        }
+    }
+    dispatcher.consumer_gone(consumer);
+}
+
+/// Settles in its own task, so a consumer's next requests are read while
+/// its acks commit; the outcomes come back on the stream.
+fn settle_on_stream(
+    settler: &Settler,
+    kind: SettleKind,
+    settle: v1::Settle,
+    events: &mpsc::UnboundedSender<ConsumerEvent>,
+) -> Result<(), Status> {
+    if settle.delivery_ids.is_empty() {
+        return Err(
+            InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
+        );
+    }
+    let (settler, events) = (settler.clone(), events.clone());
+    tokio::spawn(async move {
+        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
+            let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
+        }
+    });
+    Ok(())
+}

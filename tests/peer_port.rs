@@ -1,0 +1,140 @@
+//! The node-to-node API lives on the peer port alone: on the client port
+//! every `floret.peer.v1.Peer` method answers UNIMPLEMENTED and reflection
+//! does not list it, so a client cannot forge raft traffic, install a
+//! snapshot or propose an unchecked operation there.
+
+use floret_proto::peer::v1::peer_client::PeerClient;
+use floret_proto::peer::v1::{
+    HandBackRequest, NodeStatusRequest, PeerSettleRequest, RaftCalls, RaftMessage,
+    ShardStatesRequest,
+};
+use floret_proto::v1;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use super::harness::{Cluster, one_cluster_at_a_time, reflected_services};
+
+async fn channel(address: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// What a call answered, without its message.
+fn ok<T>(result: Result<T, Status>) -> Result<(), Status> {
+    result.map(drop)
+}
+
+/// Every Peer method called through `peer`, each with a harmless request:
+/// the method's name and what it answered (Ok(()) or the status).
+async fn call_every_peer_method(
+    peer: &mut PeerClient<Channel>,
+) -> Vec<(&'static str, Result<(), Status>)> {
+    let raft = || RaftMessage {
+        shard_id: 0,
+        payload: Vec::new(),
+    };
+    let subscribe = v1::ConsumeRequest {
+        request: Some(v1::consume_request::Request::Subscribe(v1::Subscribe {
+            queue: "default".into(),
+            credits: 1,
+        })),
+    };
+    vec![
+        ("Vote", ok(peer.vote(raft()).await)),
+        (
+            "AppendEntriesStream",
+            ok(peer
+                .append_entries_stream(tokio_stream::iter(vec![RaftCalls { calls: Vec::new() }]))
+                .await),
+        ),
+        ("InstallSnapshot", ok(peer.install_snapshot(raft()).await)),
+        (
+            "ShardStates",
+            ok(peer.shard_states(ShardStatesRequest {}).await),
+        ),
+        (
+            "Settle",
+            ok(peer.settle(PeerSettleRequest::default()).await),
+        ),
+        (
+            "HandBack",
+            ok(peer.hand_back(HandBackRequest::default()).await),
+        ),
+        ("Propose", ok(peer.propose(raft()).await)),
+        (
+            "ForwardProduce",
+            ok(peer.forward_produce(v1::ProduceRequest::default()).await),
+        ),
+        (
+            "Consume",
+            ok(peer.consume(tokio_stream::iter(vec![subscribe])).await),
+        ),
+        (
+            "NodeStatus",
+            ok(peer.node_status(NodeStatusRequest {}).await),
+        ),
+        (
+            "NodeQueueStats",
+            ok(peer
+                .node_queue_stats(v1::QueueStatsRequest::default())
+                .await),
+        ),
+        (
+            "LedDeadLetters",
+            ok(peer
+                .led_dead_letters(v1::ListDeadLettersRequest::default())
+                .await),
+        ),
+        (
+            "ReplicaPolicy",
+            ok(peer.replica_policy(v1::GetPolicyRequest::default()).await),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_port_lets_anyone_drive_raft() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", "3"]);
+
+    let client_port = channel(&cluster.address(1)).await;
+    let answers = call_every_peer_method(&mut PeerClient::new(client_port.clone())).await;
+    assert_eq!(answers.len(), 13, "every Peer method is tried");
+    for (method, answer) in &answers {
+        let code = answer.as_ref().err().map(Status::code);
+        assert_eq!(
+            code,
+            Some(Code::Unimplemented),
+            "Peer.{method} on the client port answered {answer:?}"
+        );
+    }
+    let services = reflected_services(client_port).await;
+    assert!(
+        services.iter().any(|name| name == "floret.v1.Floret"),
+        "the client port reflects its own services: {services:?}"
+    );
+    assert!(
+        !services.iter().any(|name| name.starts_with("floret.peer")),
+        "the client port advertises the peer API: {services:?}"
+    );
+
+    let peer_port = channel(&cluster.peer_address(1)).await;
+    let states = PeerClient::new(peer_port.clone())
+        .shard_states(ShardStatesRequest {})
+        .await
+        .expect("the peer port serves the peer API")
+        .into_inner();
+    assert!(!states.initialized.is_empty(), "{states:?}");
+    let produce = v1::floret_client::FloretClient::new(peer_port)
+        .produce(v1::ProduceRequest::default())
+        .await;
+    assert_eq!(
+        produce.map(|_| ()).unwrap_err().code(),
+        Code::Unimplemented,
+        "the peer port serves no client API"
+    );
+}
