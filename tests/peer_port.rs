@@ -1,7 +1,9 @@
 //! The node-to-node API lives on the peer port alone: on the client port
 //! every `floret.peer.v1.Peer` method answers UNIMPLEMENTED and reflection
 //! does not list it, so a client cannot forge raft traffic, install a
-//! snapshot or propose an unchecked operation there.
+//! snapshot or propose an unchecked operation there. On the peer port,
+//! raft messages that would break a shard (a term about to overflow, a
+//! snapshot chunk far past its end) are refused before openraft sees them.
 
 use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::peer::v1::{
@@ -137,4 +139,67 @@ async fn client_port_lets_anyone_drive_raft() {
         Code::Unimplemented,
         "the peer port serves no client API"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_vote_or_snapshot_chunk_stops_a_shard_for_good() {
+    use floret_client::Message;
+    use floret_cluster::{ShardPlacement, encode};
+    use openraft::raft::{InstallSnapshotRequest, VoteRequest};
+    use openraft::{SnapshotMeta, Vote};
+
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", "3"]);
+    let shard = 0;
+    let leader = cluster.leader_of(shard, 1).await;
+    let follower = leader % 3 + 1;
+    let mut peer = PeerClient::new(channel(&cluster.peer_address(follower)).await);
+
+    let vote = VoteRequest::<u64>::new(Vote::new(u64::MAX - 1, leader), None);
+    let refused = peer
+        .vote(RaftMessage {
+            shard_id: shard,
+            payload: encode(&vote),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("term"), "{refused:?}");
+
+    let chunk = InstallSnapshotRequest::<floret_store::TypeConfig> {
+        vote: Vote::new(1, leader),
+        meta: SnapshotMeta::default(),
+        offset: 1 << 40,
+        data: vec![0; 16],
+        done: false,
+    };
+    let refused = peer
+        .install_snapshot(RaftMessage {
+            shard_id: shard,
+            payload: encode(&chunk),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("offset"), "{refused:?}");
+
+    cluster.kill(leader);
+    let survivor = follower;
+    let new_leader = cluster.leader_of(shard, survivor).await;
+    assert_ne!(new_leader, leader, "shard {shard} elected again");
+    let placement = ShardPlacement::new(3);
+    let producer = (0..)
+        .map(|i| format!("p{i}"))
+        .find(|p| placement.shard_of("default", p) == shard)
+        .unwrap();
+    let message = Message {
+        payload: b"after the forgeries".to_vec(),
+        headers: Default::default(),
+    };
+    cluster
+        .client(survivor)
+        .produce("default", &producer, vec![message])
+        .await
+        .expect("the shard serves after the forged vote and chunk");
 }

@@ -37,6 +37,7 @@ mod load_view;
 mod node;
 pub mod policy;
 pub mod produce;
+pub mod raft_inputs;
 pub mod request;
 pub mod router;
 pub mod service;

@@ -41,7 +41,7 @@ use crate::router::ShardRouter;
 use crate::service::admin::AdminService;
 use crate::service::fan_in;
 use crate::service::floret::FloretService;
-use crate::service::peer::PeerService;
+use crate::service::peer::{PeerService, ThisNode};
 use crate::service::server::{Listeners, ReflectionError, Server, Services};
 use crate::settle::Settler;
 
@@ -369,9 +369,12 @@ impl NodeParts<'_> {
                 shards.clone(),
                 proposers.clone(),
                 hand_back,
-                produce,
-                consumers,
-                admin,
+                ThisNode {
+                    produce,
+                    sources: consumers,
+                    admin,
+                },
+                config.raft.max_snapshot_bytes,
                 stopped,
             ),
             max_request_bytes: config.limits.max_request_bytes,

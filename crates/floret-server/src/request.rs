@@ -5,6 +5,7 @@
 use floret_proto::v1;
 
 use crate::deliver::SettleKind;
+use crate::raft_inputs::RaftInputError;
 
 /// What is wrong with a request; retrying it unchanged fails again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,6 +126,9 @@ pub enum InvalidRequest {
         /// Why it does not decode.
         reason: String,
     },
+    /// A raft message from a peer that openraft must not see.
+    #[error("refused raft message: {0}")]
+    RaftInput(#[from] RaftInputError),
     /// A call whose shape the service does not accept (what and why).
     #[error("{0}")]
     Malformed(&'static str),

@@ -203,6 +203,9 @@ pub struct RaftConfig {
     pub logs_kept_after_snapshot: u64,
     /// Bytes of a snapshot sent to a lagging replica in one message.
     pub snapshot_chunk_bytes: u64,
+    /// Largest snapshot this node takes from a leader (it is received in
+    /// memory); a larger one is refused.
+    pub max_snapshot_bytes: u64,
 }
 
 impl Default for Limits {
@@ -261,6 +264,12 @@ impl Default for RaftConfig {
             snapshot_every_entries: tuning.snapshot_every_entries,
             logs_kept_after_snapshot: tuning.logs_kept_after_snapshot,
             snapshot_chunk_bytes: tuning.snapshot_chunk_bytes,
+            max_snapshot_bytes: DEFAULT_MAX_SNAPSHOT_BYTES,
         }
     }
 }
+
+/// Largest snapshot a node takes by default: 4 GiB. Snapshots carry the
+/// payloads of every stored message, so this also caps the backlog a
+/// replica that fell behind can catch up on by snapshot.
+pub const DEFAULT_MAX_SNAPSHOT_BYTES: u64 = 4 << 30;

@@ -124,6 +124,11 @@ impl Config {
                 "raft.snapshot_chunk_bytes must be in 4096..{chunk_room}"
             ));
         }
+        if raft.max_snapshot_bytes < raft.snapshot_chunk_bytes {
+            return Err(
+                "raft.max_snapshot_bytes must be at least raft.snapshot_chunk_bytes".into(),
+            );
+        }
         Ok(())
     }
 

@@ -15,7 +15,7 @@
 //!   yet, so it must be reachable only by the cluster's nodes.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use floret_cluster::{Shards, batched, decode, encode};
 use floret_proto::peer::v1::raft_answer::Outcome;
@@ -36,6 +36,7 @@ use crate::error::RequestError;
 use crate::leadership::hand_back::HandBack;
 use crate::produce::ProducePipeline;
 use crate::produce::proposer::Proposers;
+use crate::raft_inputs::{self, SnapshotChunks};
 use crate::request::InvalidRequest;
 
 /// Serves the other nodes.
@@ -43,35 +44,41 @@ pub struct PeerService {
     shards: Arc<Shards>,
     proposers: Proposers,
     hand_back: HandBack,
-    /// The produce path, for produces other nodes forward here.
-    produce: Arc<ProducePipeline>,
-    /// This node's dispatcher and settler, for the other nodes' consumers.
-    sources: fan_in::Sources,
-    /// This node's own figures.
-    admin: Arc<AdminService>,
+    this_node: ThisNode,
+    /// What each shard has received of a snapshot being sent to it.
+    snapshot_chunks: Mutex<SnapshotChunks>,
     /// Becomes true when the node stops: open append streams end then, so
     /// the server's drain does not wait for peers to close them.
     stopping: watch::Receiver<bool>,
 }
 
+/// What the other nodes use of this node's client-facing parts.
+pub struct ThisNode {
+    /// The produce path, for produces other nodes forward here.
+    pub produce: Arc<ProducePipeline>,
+    /// This node's dispatcher and settler, for the other nodes' consumers.
+    pub sources: fan_in::Sources,
+    /// This node's own figures.
+    pub admin: Arc<AdminService>,
+}
+
 impl PeerService {
-    /// The peer side of this node.
+    /// The peer side of this node; it takes snapshots up to
+    /// `max_snapshot_bytes`.
     pub fn new(
         shards: Arc<Shards>,
         proposers: Proposers,
         hand_back: HandBack,
-        produce: Arc<ProducePipeline>,
-        sources: fan_in::Sources,
-        admin: Arc<AdminService>,
+        this_node: ThisNode,
+        max_snapshot_bytes: u64,
         stopping: watch::Receiver<bool>,
     ) -> Self {
         Self {
             shards,
             proposers,
             hand_back,
-            produce,
-            sources,
-            admin,
+            this_node,
+            snapshot_chunks: Mutex::new(SnapshotChunks::new(max_snapshot_bytes)),
             stopping,
         }
     }
@@ -104,6 +111,7 @@ fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Statu
 async fn append(shards: &Shards, shard: ShardId, payload: &[u8]) -> Outcome {
     let handed = raft_of(shards, shard).and_then(|raft| {
         let request: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(undecodable)?;
+        raft_inputs::check_append(&request).map_err(InvalidRequest::from)?;
         Ok((raft.clone(), request))
     });
     match handed {
@@ -136,6 +144,7 @@ impl PeerService {
     async fn relay<Req, Res, F, Fut>(
         &self,
         request: Request<v1::RaftMessage>,
+        check: impl FnOnce(ShardId, &Req) -> Result<(), raft_inputs::RaftInputError>,
         call: F,
     ) -> Result<Response<v1::RaftMessage>, Status>
     where
@@ -147,6 +156,7 @@ impl PeerService {
         let message = request.into_inner();
         let raft = self.raft(message.shard_id)?.clone();
         let decoded: Req = decode(&message.payload).map_err(undecodable)?;
+        check(message.shard_id, &decoded).map_err(InvalidRequest::from)?;
         let result = call(raft, decoded).await;
         Ok(Response::new(v1::RaftMessage {
             shard_id: message.shard_id,
@@ -162,18 +172,23 @@ impl Peer for PeerService {
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
         let refuse = self.shards.refuses_vote(request.get_ref().shard_id);
-        self.relay(request, |raft, vote: VoteRequest<NodeId>| async move {
-            let result: Result<_, RaftError<NodeId>> = if refuse {
-                Ok(VoteResponse {
-                    vote: raft.metrics().borrow().vote,
-                    vote_granted: false,
-                    last_log_id: None,
-                })
-            } else {
-                raft.vote(vote).await
-            };
-            result
-        })
+        let check = |_, vote: &VoteRequest<NodeId>| raft_inputs::check_vote_request(vote);
+        self.relay(
+            request,
+            check,
+            |raft, vote: VoteRequest<NodeId>| async move {
+                let result: Result<_, RaftError<NodeId>> = if refuse {
+                    Ok(VoteResponse {
+                        vote: raft.metrics().borrow().vote,
+                        vote_granted: false,
+                        last_log_id: None,
+                    })
+                } else {
+                    raft.vote(vote).await
+                };
+                result
+            },
+        )
         .await
     }
 
@@ -223,8 +238,15 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
+        let admit = |shard, chunk: &InstallSnapshotRequest<TypeConfig>| {
+            self.snapshot_chunks
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .admit(shard, chunk)
+        };
         self.relay(
             request,
+            admit,
             |raft, chunk: InstallSnapshotRequest<TypeConfig>| async move {
                 let result: Result<_, RaftError<NodeId, InstallSnapshotError>> =
                     raft.install_snapshot(chunk).await;
@@ -260,6 +282,7 @@ impl Peer for PeerService {
             (false, true) => SettleKind::DeadLetter,
         };
         let outcomes = self
+            .this_node
             .sources
             .settler
             .settle_here(kind, request.delivery_ids)
@@ -329,8 +352,8 @@ impl Peer for PeerService {
         request: Request<floret_proto::v1::ProduceRequest>,
     ) -> Result<Response<floret_proto::v1::ProduceResponse>, Status> {
         let now_ms = now_unix_ms();
-        let batch = self.produce.parse(request.into_inner(), now_ms)?;
-        let answer = self.produce.produce(batch, true, now_ms).await?;
+        let batch = self.this_node.produce.parse(request.into_inner(), now_ms)?;
+        let answer = self.this_node.produce.produce(batch, true, now_ms).await?;
         Ok(Response::new(produce_response(answer)))
     }
 
@@ -340,7 +363,7 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<floret_proto::v1::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        own_dispatcher::serve(&self.sources, request.into_inner())
+        own_dispatcher::serve(&self.this_node.sources, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -349,14 +372,15 @@ impl Peer for PeerService {
         &self,
         _request: Request<v1::NodeStatusRequest>,
     ) -> Result<Response<floret_proto::v1::ClusterStatusResponse>, Status> {
-        Ok(Response::new(self.admin.local_view()))
+        Ok(Response::new(self.this_node.admin.local_view()))
     }
 
     async fn node_queue_stats(
         &self,
         request: Request<floret_proto::v1::QueueStatsRequest>,
     ) -> Result<Response<floret_proto::v1::QueueStatsResponse>, Status> {
-        self.admin
+        self.this_node
+            .admin
             .own_queue_stats(request.into_inner())
             .await
             .map(Response::new)
@@ -366,7 +390,8 @@ impl Peer for PeerService {
         &self,
         request: Request<floret_proto::v1::ListDeadLettersRequest>,
     ) -> Result<Response<floret_proto::v1::ListDeadLettersResponse>, Status> {
-        self.admin
+        self.this_node
+            .admin
             .own_dead_letters(request.get_ref())
             .map(Response::new)
     }
@@ -375,7 +400,8 @@ impl Peer for PeerService {
         &self,
         request: Request<floret_proto::v1::GetPolicyRequest>,
     ) -> Result<Response<floret_proto::v1::GetPolicyResponse>, Status> {
-        self.admin
+        self.this_node
+            .admin
             .own_replica_policy(request.get_ref())
             .map(Response::new)
     }
