@@ -16,6 +16,11 @@
 //! (no idempotency sequence) of one producer waiting in its line are
 //! folded into one operation, each caller answered with its own sequences.
 //!
+//! An operation's commit timeout runs from the moment it is proposed here,
+//! not from when its entry leaves: without a majority, the calls queued
+//! behind the entries in flight are answered UNAVAILABLE when their own
+//! time is up, and those still waiting are then never proposed.
+//!
 //! While the node hands a shard's leadership back to its preferred replica,
 //! the shard's proposer is paused: new operations fail at once with
 //! [`ProposeError::HandingOver`] (clients retry), because any append would
@@ -95,6 +100,8 @@ struct Proposal {
 #[derive(Clone)]
 pub struct ShardProposer {
     shard: ShardId,
+    /// How long a caller waits for its operation, queueing included.
+    commit_timeout: Duration,
     proposals: mpsc::UnboundedSender<(Lane, Proposal)>,
     paused_until: Arc<Mutex<Option<Instant>>>,
 }
@@ -119,9 +126,11 @@ impl ShardProposer {
     /// Starts the proposer task of `shard`.
     pub fn spawn(shard: ShardId, raft: Raft, batching: BatchingConfig) -> Self {
         let (proposals, pending) = mpsc::unbounded_channel();
+        let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
         tokio::spawn(run(shard, raft, batching, pending));
         Self {
             shard,
+            commit_timeout,
             proposals,
             paused_until: Arc::default(),
         }
@@ -144,7 +153,8 @@ impl ShardProposer {
             .is_some_and(|until| Instant::now() < until)
     }
 
-    /// Proposes `op` and waits for it to be committed and applied.
+    /// Proposes `op` and waits for it to be committed and applied, for at
+    /// most the commit timeout; an operation still queued then is dropped.
     pub async fn propose(&self, op: Op) -> Result<OpReply, ProposeError> {
         if self.paused() {
             return Err(ProposeError::HandingOver { shard: self.shard });
@@ -160,7 +170,10 @@ impl ShardProposer {
         self.proposals
             .send((lane, Proposal { op, bytes, callers }))
             .map_err(|_| self.stopped())?;
-        replied.await.map_err(|_| self.stopped())?
+        match tokio::time::timeout(self.commit_timeout, replied).await {
+            Ok(answer) => answer.map_err(|_| self.stopped())?,
+            Err(_) => Err(not_committed(self.shard, self.commit_timeout)),
+        }
     }
 
     fn stopped(&self) -> ProposeError {
@@ -339,15 +352,7 @@ async fn commit(
     let outcome = tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
     drop(slot);
     match outcome {
-        Err(_) => {
-            let error = ProposeError::Unavailable {
-                shard,
-                reason: format!(
-                    "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
-                ),
-            };
-            fail_all(callers, error);
-        }
+        Err(_) => fail_all(callers, not_committed(shard, commit_timeout)),
         Ok(Ok(response)) => {
             floret_store::failpoints::crash_if_fires("proposer-before-reply");
             for (callers, result) in callers.into_iter().zip(response.data.replies) {
@@ -355,6 +360,15 @@ async fn commit(
             }
         }
         Ok(Err(error)) => fail_all(callers, propose_error(shard, error)),
+    }
+}
+
+fn not_committed(shard: ShardId, commit_timeout: Duration) -> ProposeError {
+    ProposeError::Unavailable {
+        shard,
+        reason: format!(
+            "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
+        ),
     }
 }
 
