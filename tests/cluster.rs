@@ -4,6 +4,7 @@
 //! One cluster runs at a time (two would starve each other's heartbeats on
 //! two cores). Every wait has a deadline; no test relies on a fixed sleep.
 
+mod bounded;
 mod harness;
 mod peer_port;
 

@@ -49,14 +49,19 @@ pub struct Scheduler<K> {
     in_flight: u64,
 }
 
+/// How producers without an override are scheduled before any policy is set.
+fn initial_defaults(config: &SchedulerConfig) -> ProducerPolicy {
+    ProducerPolicy {
+        weight: config.default_weight.max(1),
+        ..ProducerPolicy::default()
+    }
+}
+
 impl<K: Clone + Eq + Hash> Scheduler<K> {
     /// A scheduler holding nothing.
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            defaults: ProducerPolicy {
-                weight: config.default_weight.max(1),
-                ..ProducerPolicy::default()
-            },
+            defaults: initial_defaults(&config),
             config,
             slots: Slab::new(),
             overrides: HashMap::new(),
@@ -125,6 +130,15 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         for producer in dropped {
             self.set_policy(&producer, None);
         }
+    }
+
+    /// Whether it holds nothing a new scheduler would not: no producer with
+    /// messages or leases, no override, the defaults it started with. Such
+    /// a scheduler can be dropped and made again when needed. O(1).
+    pub fn holds_nothing(&self) -> bool {
+        self.slots.is_empty()
+            && self.overrides.is_empty()
+            && self.defaults == initial_defaults(&self.config)
     }
 
     /// How producers without an override are scheduled.

@@ -145,6 +145,11 @@ impl<K: Clone + Eq + Hash> Slab<K> {
     pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }
+
+    /// Whether no slot is taken.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
 }
 
 #[cfg(test)]

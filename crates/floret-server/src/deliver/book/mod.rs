@@ -260,6 +260,26 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                     .nack(&lease.producer, lease.sequence, lease.attempt);
         }
         self.pump(&consumer.queue, now);
+        self.drop_if_idle(&consumer.queue);
+    }
+
+    /// Forgets `queue` once nothing refers to it: no consumer, no lease and
+    /// a scheduler that holds nothing. Otherwise every subscribe to a new
+    /// name would leave an entry that every turn walks, for good.
+    fn drop_if_idle(&mut self, name: &str) {
+        if self.queues.get(name).is_some_and(|queue| {
+            queue.consumers.is_empty()
+                && queue.holders.is_empty()
+                && queue.scheduler.holds_nothing()
+        }) {
+            self.queues.remove(name);
+        }
+    }
+
+    /// Queues the book keeps an entry for.
+    #[cfg(test)]
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
     }
 
     /// Expires lapsed leases and releases held messages whose time came.
@@ -297,8 +317,8 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     /// An idle producer's counters were deleted. A sweep forgets many
     /// producers, each with nothing stored, so almost never with a lease:
     /// only then are the holders and every consumer's leases walked.
-    fn forget_producer(&mut self, queue: &str, key: ProducerKey) {
-        if let Some(queue) = self.queues.get_mut(queue)
+    fn forget_producer(&mut self, name: &str, key: ProducerKey) {
+        if let Some(queue) = self.queues.get_mut(name)
             && queue.scheduler.forget(&key) > 0
         {
             queue.holders.retain(|lease, _| lease.producer != key);
@@ -306,6 +326,7 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                 consumer.held.retain(|lease| lease.producer != key);
             }
         }
+        self.drop_if_idle(name);
     }
 
     /// Makes the held messages whose time has come ready again (those of

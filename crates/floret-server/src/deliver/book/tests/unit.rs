@@ -176,3 +176,39 @@ fn next_deadline_is_the_earliest_lease_or_held_message() {
         Some(now.instant + Duration::from_secs(5))
     );
 }
+
+#[test]
+fn subscribes_to_new_queue_names_leave_entries_walked_for_good() {
+    let mut harness = led_harness();
+    for i in 0..100 {
+        let consumer = harness.subscribe(&format!("probe-{i}"), 1);
+        harness.gone(consumer);
+    }
+    assert_eq!(harness.book.queue_count(), 0);
+
+    harness.produce(0, "backlogged", "a", 1, None);
+    let weighted = Policy {
+        weight: Some(3),
+        ..Policy::default()
+    };
+    harness.set_policy(0, "governed", None, weighted);
+    for queue in ["backlogged", "governed"] {
+        let consumer = harness.subscribe(queue, 0);
+        harness.gone(consumer);
+    }
+    assert_eq!(
+        harness.book.queue_count(),
+        2,
+        "a queue with a backlog or a policy keeps its entry"
+    );
+
+    let consumer = harness.subscribe("backlogged", 1);
+    let (_, delivered) = harness.take_deliveries().remove(0);
+    harness.settle(SettleKind::Ack, &delivered, true);
+    harness.gone(consumer);
+    assert_eq!(
+        harness.book.queue_count(),
+        1,
+        "a drained queue without consumers is dropped; the governed one stays"
+    );
+}

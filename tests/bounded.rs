@@ -1,0 +1,46 @@
+//! What a client cannot pin on a node by calling the public API in ways
+//! no well-behaved client would.
+
+use std::time::Duration;
+
+use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribes_to_made_up_queue_names_stay_in_every_dispatcher() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", "3"]);
+    let client = cluster.client(1);
+    let queues_known = || {
+        let client = client.clone();
+        async move { client.queue_stats("").await.unwrap().queues.len() }
+    };
+    let before = queues_known().await;
+
+    for round in 0..20 {
+        let opened = (0..500).map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .consume(&format!("probe-{round}-{i}"), 1)
+                    .await
+                    .unwrap()
+            }
+        });
+        let consumers = futures::future::join_all(opened).await;
+        if round == 0 {
+            assert!(
+                queues_known().await >= before + 500,
+                "the open subscribes are known to the dispatchers"
+            );
+        }
+        drop(consumers);
+    }
+
+    eventually(
+        Duration::from_secs(30),
+        "10,000 closed subscribes to made-up queues are forgotten on every node",
+        || async { queues_known().await == before },
+    )
+    .await;
+}
