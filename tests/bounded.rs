@@ -1,5 +1,6 @@
 //! What a client cannot pin on a node by calling the public API in ways
-//! no well-behaved client would.
+//! no well-behaved client would: made-up queue names, consume streams that
+//! never subscribe.
 
 use std::time::Duration;
 
@@ -43,4 +44,29 @@ async fn subscribes_to_made_up_queue_names_stay_in_every_dispatcher() {
         || async { queues_known().await == before },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_stream_that_never_subscribes_stays_open() {
+    use floret_proto::v1::ConsumeRequest;
+    use floret_proto::v1::floret_client::FloretClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = super::harness::FloretProcess::start(&dir.path().join("node"), &[]);
+    let mut client = FloretClient::connect(format!("http://{}", node.address))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let silent = tokio_stream::pending::<ConsumeRequest>();
+    let answer = tokio::time::timeout(Duration::from_secs(30), client.consume(silent))
+        .await
+        .expect("the node closes a silent stream");
+    let status = answer.map(drop).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("no subscribe"), "{status:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -33,6 +33,12 @@ pub enum InvalidRequest {
         /// Its length.
         len: usize,
     },
+    /// A producer id with a control character (logs and status lines would show it raw).
+    #[error("producer_id has a control character at byte {at}: use printable characters")]
+    ProducerIdCharacter {
+        /// Where the first one is.
+        at: usize,
+    },
     /// A produce without messages.
     #[error("a produce needs at least one message")]
     NoMessages,
@@ -61,6 +67,22 @@ pub enum InvalidRequest {
         len: usize,
         /// The limit.
         max: usize,
+    },
+    /// One message with more headers than the limit.
+    #[error("message {index}: too many headers: {count} > {MAX_HEADERS}")]
+    TooManyHeaders {
+        /// Its place in the batch.
+        index: usize,
+        /// Headers sent.
+        count: usize,
+    },
+    /// A header name that is empty or has a control character.
+    #[error("message {index}: header name {name:?} must be non-empty printable text")]
+    HeaderName {
+        /// Its place in the batch.
+        index: usize,
+        /// The name as sent.
+        name: String,
     },
     /// One message's headers over the limit.
     #[error("message {index}: headers too large: {len} bytes > {max}")]
@@ -140,6 +162,8 @@ pub const DEFAULT_QUEUE: &str = "default";
 pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 /// Longest producer id, in bytes.
 pub const MAX_PRODUCER_ID_BYTES: usize = 256;
+/// Most headers one message may carry.
+pub const MAX_HEADERS: usize = 64;
 
 /// The queue a request names: empty means [`DEFAULT_QUEUE`]; otherwise
 /// 1..=128 bytes of ASCII letters, digits, `.`, `_` and `-`.
@@ -172,7 +196,32 @@ pub fn producer_id(producer: &str) -> Result<String, InvalidRequest> {
             len: producer.len(),
         });
     }
+    if let Some((at, _)) = producer.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(InvalidRequest::ProducerIdCharacter { at });
+    }
     Ok(producer.to_owned())
+}
+
+/// A message's header names: at most [`MAX_HEADERS`], each non-empty printable text.
+pub fn header_names<'a>(
+    index: usize,
+    names: impl ExactSizeIterator<Item = &'a String>,
+) -> Result<(), InvalidRequest> {
+    if names.len() > MAX_HEADERS {
+        return Err(InvalidRequest::TooManyHeaders {
+            index,
+            count: names.len(),
+        });
+    }
+    for name in names {
+        if name.is_empty() || name.chars().any(char::is_control) {
+            return Err(InvalidRequest::HeaderName {
+                index,
+                name: name.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What an ack (`nack` false) or nack on a consume stream asks for; a
@@ -218,6 +267,35 @@ mod tests {
         assert!(producer_id(&"p".repeat(256)).is_ok());
         let refused = producer_id(&"p".repeat(257)).unwrap_err();
         assert!(refused.to_string().contains("257 bytes > 256"), "{refused}");
+    }
+
+    #[test]
+    fn producer_id_with_control_characters_garbles_logs_and_status() {
+        assert!(producer_id("tenant-ü 1").is_ok());
+        assert_eq!(
+            producer_id("a\nb"),
+            Err(InvalidRequest::ProducerIdCharacter { at: 1 })
+        );
+        assert!(producer_id("\u{7}").is_err());
+    }
+
+    #[test]
+    fn header_names_must_be_printable_and_few() {
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(header_names(0, names(&["kind", "trace-id"]).iter()), Ok(()));
+        assert!(matches!(
+            header_names(2, names(&[""]).iter()),
+            Err(InvalidRequest::HeaderName { index: 2, .. })
+        ));
+        assert!(header_names(0, names(&["a\rb"]).iter()).is_err());
+        let many: Vec<String> = (0..=MAX_HEADERS).map(|i| format!("h{i}")).collect();
+        assert_eq!(
+            header_names(1, many.iter()),
+            Err(InvalidRequest::TooManyHeaders {
+                index: 1,
+                count: MAX_HEADERS + 1
+            })
+        );
     }
 
     #[test]

@@ -105,6 +105,7 @@ fn check_messages(messages: &[v1::Message], limits: &Limits) -> Result<(), Inval
                 max: limits.max_payload_bytes,
             });
         }
+        request::header_names(index, message.headers.keys())?;
         let header_bytes: usize = message.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
         if header_bytes > limits.max_header_bytes {
             return Err(InvalidRequest::HeadersTooLarge {

@@ -27,6 +27,11 @@ use crate::request::{self, InvalidRequest};
 /// Most produces in one `ProduceMany`.
 pub const MAX_PRODUCES_PER_CALL: usize = 10_000;
 
+/// How long a consume stream may stay open before its subscribe arrives:
+/// an open stream holds a task and buffers, so one that never subscribes
+/// is closed.
+pub const SUBSCRIBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Most outcomes streamed back in one `ProduceManyReply`.
 const OUTCOMES_PER_REPLY: usize = 1_024;
 
@@ -175,13 +180,19 @@ impl v1::floret_server::Floret for FloretService {
     }
 }
 
-/// Reads the subscribe that must open a consume stream: its queue and credits.
+/// Reads the subscribe that must open a consume stream, within
+/// [`SUBSCRIBE_DEADLINE`]: its queue and credits.
 pub(crate) async fn read_subscribe(
     inbound: &mut Streaming<v1::ConsumeRequest>,
 ) -> Result<(String, u32), Status> {
-    let first = inbound.message().await?.ok_or(InvalidRequest::Malformed(
-        "the consume stream ended before a subscribe",
-    ))?;
+    let first = tokio::time::timeout(SUBSCRIBE_DEADLINE, inbound.message())
+        .await
+        .map_err(|_| {
+            InvalidRequest::Malformed("no subscribe within 10 s of opening the consume stream")
+        })??
+        .ok_or(InvalidRequest::Malformed(
+            "the consume stream ended before a subscribe",
+        ))?;
     let Some(consume_request::Request::Subscribe(subscribe)) = first.request else {
         return Err(InvalidRequest::Malformed(
             "the first request on a consume stream must be a subscribe",

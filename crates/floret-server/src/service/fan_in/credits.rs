@@ -64,7 +64,7 @@ impl Merge {
     /// than nodes still gets the backlog.
     pub(super) fn rebalance(&mut self) -> Result<(), Status> {
         let (live, weights) = self.weights();
-        let total_weight: u64 = weights.iter().sum();
+        let total_weight = weights.iter().fold(0u64, |sum, &w| sum.saturating_add(w));
         let consumer_has_room = self.consumer_credits > self.waiting.len() as u64;
         let mut changes: Vec<Option<CreditChange>> = vec![None; self.nodes.len()];
         for source in 0..self.nodes.len() {
@@ -80,7 +80,7 @@ impl Merge {
                 1
             } else {
                 let window = self.consumer_credits.max(self.initial_credits);
-                let share = (window * weights[source]).div_ceil(total_weight.max(1));
+                let share = weighted_share(window, weights[source], total_weight);
                 if self.outstanding[source] <= 2 * share + 1 {
                     continue;
                 }
@@ -135,5 +135,28 @@ impl Merge {
             }
         }
         Ok(())
+    }
+}
+
+/// `window * weight / total`, rounded up, without overflowing: weights come
+/// from the gossip view, and any node may report any number.
+fn weighted_share(window: u64, weight: u64, total: u64) -> u64 {
+    let share = (u128::from(window) * u128::from(weight)).div_ceil(u128::from(total.max(1)));
+    share.min(u128::from(window)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::weighted_share;
+
+    #[test]
+    fn weight_reported_near_u64_max_overflows_the_split() {
+        let total = [u64::MAX, 7]
+            .iter()
+            .fold(0u64, |sum, &w| sum.saturating_add(w));
+        assert_eq!(weighted_share(100, u64::MAX, total), 100);
+        assert_eq!(weighted_share(100, 7, total), 1);
+        assert_eq!(weighted_share(10, 1, 3), 4);
+        assert_eq!(weighted_share(10, 0, 0), 0);
     }
 }
