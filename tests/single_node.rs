@@ -473,3 +473,59 @@ fn foreign_or_busy_data_dir_is_refused_at_start() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs floret built with --features failpoints"
+)]
+async fn node_whose_log_failed_to_sync_stays_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+    let node = FloretProcess::spawn_with_failpoints(
+        &dir.path().join("node"),
+        &args,
+        "wal-sync-fails=100*off->return",
+    )
+    .wait_ready();
+    let client = node.client();
+    let mut refused = None;
+    for counter in 0..1_000u64 {
+        let message = Message {
+            payload: counter.to_le_bytes().to_vec(),
+            headers: Default::default(),
+        };
+        if let Err(error) = client.produce("default", "p", vec![message]).await {
+            refused = Some(error);
+            break;
+        }
+    }
+    assert!(
+        refused.is_some(),
+        "every produce was acknowledged after the log's sync failed"
+    );
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "health turns NOT_SERVING", || {
+        let mut health = HealthClient::new(channel.clone());
+        async move {
+            let answer = health
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await;
+            answer.is_ok_and(|a| a.into_inner().status() == ServingStatus::NotServing)
+        }
+    })
+    .await;
+    let status = client.cluster_status().await.unwrap();
+    let fault = &status.nodes[0].fault;
+    assert!(fault.contains("raft log stopped"), "{status:?}");
+}

@@ -41,6 +41,12 @@ impl FloretProcess {
 
     /// Starts `floret serve --data-dir data_dir args...` without waiting for it.
     pub fn spawn(data_dir: &Path, args: &[String]) -> Starting {
+        Self::spawn_with_failpoints(data_dir, args, "")
+    }
+
+    /// Like [`Self::spawn`], with `FAILPOINTS` set to `failpoints` (needs
+    /// `floret` built with the `failpoints` feature).
+    pub fn spawn_with_failpoints(data_dir: &Path, args: &[String], failpoints: &str) -> Starting {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -51,7 +57,11 @@ impl FloretProcess {
             extra: args.to_vec(),
             ..ServeArgs::default()
         };
-        let mut child = Command::new(floret_binary())
+        let mut command = Command::new(floret_binary());
+        if !failpoints.is_empty() {
+            command.env("FAILPOINTS", failpoints);
+        }
+        let mut child = command
             .args(serve.to_args())
             .env("RUST_LOG", LOG_FILTER)
             .stdin(Stdio::null())

@@ -30,7 +30,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "node_id": cluster.node_id,
             "nodes": cluster.nodes.iter().map(|n| serde_json::json!({
-                "node_id": n.node_id, "address": n.address, "peer_address": n.peer_address, "reachable": n.reachable,
+                "node_id": n.node_id, "address": n.address, "peer_address": n.peer_address, "reachable": n.reachable, "fault": n.fault,
                 "shards_led": n.shards_led, "error": n.error, "liveness": n.liveness,
                 "heartbeat_age_ms": n.heartbeat_age_ms, "backlog_messages": n.backlog_messages,
                 "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
@@ -77,7 +77,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         "deliv/s"
     );
     for node in &cluster.nodes {
-        let state = if node.reachable { "up" } else { "unreachable" };
+        let state = match (node.reachable, node.fault.is_empty()) {
+            (false, _) => "unreachable",
+            (true, false) => "FAULT",
+            (true, true) => "up",
+        };
         let address = if node.address.is_empty() {
             format!("peer {}", node.peer_address)
         } else {
@@ -98,7 +102,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             node.backlog_messages,
             node.backlog_bytes,
             node.dispatch_rate,
-            if node.error.is_empty() {
+            if !node.fault.is_empty() {
+                format!("  (stopped serving: {}; restart it)", node.fault)
+            } else if node.error.is_empty() {
                 String::new()
             } else {
                 format!("  ({})", node.error)

@@ -31,6 +31,7 @@ pub mod config;
 pub mod deliver;
 pub mod delivery_id;
 pub mod error;
+pub mod faults;
 mod idle;
 pub mod leadership;
 mod load_view;

@@ -11,9 +11,12 @@
 //! calls and drains, the raft groups stop, then the database is synced and
 //! its flusher joined.
 //!
+//! Health turns SERVING once every shard this node holds has a leader, and
+//! NOT_SERVING for good on a fatal store or raft error (`faults.rs`).
+//!
 //! IMPLEMENTATION CAVEATS
-//! - Health turns SERVING once every shard this node holds has a leader; it
-//!   does not turn back when a shard loses its leader later.
+//! - Health does not turn back to NOT_SERVING when a shard only loses its
+//!   leader for a while.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::deliver::{self, DispatcherHandle};
+use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
 use crate::leadership::rebalance;
@@ -122,6 +126,8 @@ pub struct Node {
     address: SocketAddr,
     /// Where the other nodes dial it; none for a one-node cluster.
     peer_address: Option<SocketAddr>,
+    /// Why it stopped serving, once a fatal store or raft error happened.
+    fault: NodeFault,
     shards: Arc<Shards>,
     database: Database,
     /// Set to true when the node stops: the server drains, peer streams end.
@@ -194,7 +200,9 @@ impl Node {
             shards.attach_view(view.clone());
         }
         let (stopping, stopped) = watch::channel(false);
+        let fault = NodeFault::default();
         let parts = NodeParts {
+            fault: fault.clone(),
             config: &config,
             advertised: config.advertised_address(address),
             shards: &shards,
@@ -204,10 +212,17 @@ impl Node {
         };
         let server = Server::start(parts.services(stopped.clone()), listeners, stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
+        watchers.push(faults::spawn(
+            database.log_health(),
+            shards.clone(),
+            server.health(),
+            fault.clone(),
+        ));
         tracing::info!(node_id = config.node_id, %address, ?peer_address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
             peer_address,
+            fault,
             shards,
             database,
             stopping,
@@ -231,7 +246,9 @@ impl Node {
                 });
             }
         }
-        self.server.report_serving().await;
+        if self.fault.reason().is_none() {
+            self.server.report_serving().await;
+        }
         Ok(())
     }
 
@@ -320,6 +337,8 @@ fn background_tasks(
 /// What the services are built from.
 struct NodeParts<'a> {
     config: &'a Config,
+    /// The node's fault, which cluster status reports.
+    fault: NodeFault,
     /// Where clients are told to dial this node.
     advertised: String,
     shards: &'a Arc<Shards>,
@@ -361,6 +380,7 @@ impl NodeParts<'_> {
             router,
             self.advertised,
             self.view,
+            self.fault,
         ));
         Services {
             floret: FloretService::new(produce.clone(), consumers.clone()),

@@ -106,6 +106,18 @@ impl SyncTarget for Arc<Wal> {
     }
 }
 
+/// Tells whether a node's raft log stopped after an I/O failure.
+#[derive(Clone)]
+pub struct LogHealth(Arc<Wal>);
+
+impl LogHealth {
+    /// Why the log stopped, if it did: every later append and sync fails
+    /// until the node restarts and recovers.
+    pub fn failure(&self) -> Option<String> {
+        self.0.failure()
+    }
+}
+
 /// A node's open data dir: the raft log, the sled database and the flusher.
 pub struct Database {
     db: sled::Db,
@@ -204,6 +216,11 @@ impl Database {
     /// [`Wal::cut_at_open`]).
     pub fn log_cut_at_open(&self) -> u64 {
         self.wal.cut_at_open()
+    }
+
+    /// A cheap handle that tells whether the raft log stopped after an I/O failure.
+    pub fn log_health(&self) -> LogHealth {
+        LogHealth(self.wal.clone())
     }
 
     /// The node's raft log, for tests that write entries to it directly.

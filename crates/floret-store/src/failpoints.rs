@@ -13,6 +13,7 @@
 //! | `proposer-before-reply` | (in the server) the process aborts after a produce committed, before its reply |
 //! | `apply-drop-enqueue` | an applied enqueue stores nothing (the negative control: acknowledged, then lost) |
 //! | `wal-skip-sync` | the raft log's sync returns without syncing (acknowledges before the flush) |
+//! | `wal-sync-fails` | the raft log's sync fails as an `fdatasync` error would (the log stops) |
 //! | `power-loss-on-open` | opening the data dir first throws away what the last run wrote and never synced |
 //!
 //! **Power-loss emulation.** SIGKILL keeps the page cache, so it cannot show

@@ -41,7 +41,7 @@ mod types;
 pub mod wal;
 
 pub use database::{
-    DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, MARKER_FILE, OpenError, StoreOptions,
+    DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, LogHealth, MARKER_FILE, OpenError, StoreOptions,
 };
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;

@@ -125,9 +125,12 @@ impl Server {
 
     /// Health answers NOT_SERVING.
     pub async fn report_not_serving(&self) {
-        self.health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
+        not_serving(&self.health).await;
+    }
+
+    /// The health reporter, for what turns the node NOT_SERVING on its own.
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
     }
 
     /// Resolves if a server stops by itself (it failed), saying how.
@@ -164,6 +167,17 @@ impl Server {
             }
         }
     }
+}
+
+/// Turns the node's health, and its services', NOT_SERVING.
+pub async fn not_serving(health: &HealthReporter) {
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_not_serving::<FloretServer<FloretService>>()
+        .await;
+    health.set_not_serving::<AdminServer<AdminService>>().await;
 }
 
 /// Both ports' settings.

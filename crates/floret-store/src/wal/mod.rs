@@ -348,9 +348,14 @@ impl Wal {
         if crate::failpoints::fires("wal-skip-sync") {
             return Ok(());
         }
-        active.sync_data().inspect_err(|error| {
-            self.lock().failed = Some(format!("fdatasync failed: {error}"));
-        })?;
+        let synced = if crate::failpoints::fires("wal-sync-fails") {
+            Err(io::Error::other(
+                "injected by the wal-sync-fails fault point",
+            ))
+        } else {
+            active.sync_data()
+        };
+        self.lock().latch("fdatasync", synced)?;
         {
             let mut state = self.lock();
             if state.active.id == segment {
@@ -360,6 +365,12 @@ impl Wal {
         #[cfg(feature = "failpoints")]
         crate::failpoints::record_synced(&self.dir, segment, len)?;
         Ok(())
+    }
+
+    /// Why the log stopped, once a write or sync failed (it stays stopped
+    /// until the node restarts).
+    pub fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
     }
 
     /// Bytes written since the log was opened (the flusher paces its syncs by them).
@@ -389,8 +400,10 @@ impl Wal {
         if state.active.len < self.segment_bytes {
             return Ok(());
         }
-        state.active.file.sync_data()?;
-        let next = create_segment(&self.dir, state.active.id + 1)?;
+        let synced = state.active.file.sync_data();
+        state.latch("fdatasync of the full segment", synced)?;
+        let next = create_segment(&self.dir, state.active.id + 1);
+        let next = state.latch("creating the next segment", next)?;
         let old = std::mem::replace(&mut state.active, next);
         state.sealed.insert(old.id, old.file);
         state.synced_len = 0;

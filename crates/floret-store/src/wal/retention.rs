@@ -35,12 +35,15 @@ impl Wal {
             .collect();
         if !obsolete.is_empty() {
             // The purge record must be durable before the entries it drops vanish.
-            state.active.file.sync_data()?;
+            let synced = state.active.file.sync_data();
+            state.latch("fdatasync before deleting segments", synced)?;
             for id in obsolete {
                 state.sealed.remove(&id);
-                fs::remove_file(segment_path(&self.dir, id))?;
+                let removed = fs::remove_file(segment_path(&self.dir, id));
+                state.latch("deleting a segment", removed)?;
             }
-            File::open(&self.dir)?.sync_all()?;
+            let folder_synced = File::open(&self.dir).and_then(|folder| folder.sync_all());
+            state.latch("fsync of the log folder", folder_synced)?;
         }
         Ok(())
     }

@@ -71,6 +71,16 @@ impl WalState {
         }
     }
 
+    /// Stops the log when `result` failed: after a failed sync, rename or
+    /// delete, what is on disk is unknown, so no later call may succeed.
+    pub(super) fn latch<T>(&mut self, what: &str, result: io::Result<T>) -> io::Result<T> {
+        if let Err(error) = &result {
+            self.failed
+                .get_or_insert_with(|| format!("{what} failed: {error}"));
+        }
+        result
+    }
+
     /// Appends whole frames; a failed write is cut back off so the file never
     /// holds a partial frame while the node runs, and the log stops.
     pub(super) fn write(&mut self, bytes: &[u8]) -> io::Result<()> {

@@ -308,3 +308,29 @@ fn segment_an_apply_reads_payloads_from_survives_its_entry_being_copied_forward(
             .is_ok()
     );
 }
+
+#[test]
+fn failed_rotation_or_purge_sync_lets_the_log_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path()).unwrap();
+    append(&wal, 0, 1..3);
+    let failed: io::Result<()> = Err(io::Error::other("EIO"));
+    let latched = wal.lock().latch("fsync of the log folder", failed);
+    assert!(latched.is_err());
+    let after = wal.sync().unwrap_err().to_string();
+    assert!(
+        after.contains("stopped") && after.contains("fsync of the log folder failed: EIO"),
+        "{after}"
+    );
+    let entries = vec![(
+        log_id(3),
+        EncodedEntry {
+            meta: vec![3; 10],
+            payloads: Vec::new(),
+        },
+    )];
+    assert!(
+        wal.append(0, entries).is_err(),
+        "an append after a failed sync"
+    );
+}

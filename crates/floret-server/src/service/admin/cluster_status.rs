@@ -47,6 +47,7 @@ impl AdminService {
                 reachable: true,
                 shards_led,
                 resident_bytes: resident_bytes().unwrap_or(0),
+                fault: self.fault.reason().unwrap_or_default(),
                 ..Default::default()
             }],
             shards,

@@ -33,6 +33,7 @@ use tonic::{Request, Response, Status};
 
 use crate::deliver::DispatcherHandle;
 use crate::error::RequestError;
+use crate::faults::NodeFault;
 use crate::request;
 use crate::router::ShardRouter;
 
@@ -50,16 +51,19 @@ pub struct AdminService {
     router: ShardRouter,
     address: String,
     view: Option<watch::Receiver<Arc<View>>>,
+    fault: NodeFault,
 }
 
 impl AdminService {
-    /// A service over the node's shards and dispatcher; `address` is what clients dial.
+    /// A service over the node's shards and dispatcher; `address` is what
+    /// clients dial, `fault` why the node stopped serving, if it did.
     pub fn new(
         shards: Arc<Shards>,
         dispatcher: DispatcherHandle,
         router: ShardRouter,
         address: String,
         view: Option<watch::Receiver<Arc<View>>>,
+        fault: NodeFault,
     ) -> Self {
         Self {
             shards,
@@ -67,6 +71,7 @@ impl AdminService {
             router,
             address,
             view,
+            fault,
         }
     }
 }
