@@ -14,8 +14,6 @@ use std::sync::Arc;
 use floret_proto::v1::{self, consume_request};
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
@@ -49,7 +47,7 @@ impl FloretService {
 }
 
 /// Stream of responses on a consume call.
-pub type ConsumeStream = Pin<Box<dyn Stream<Item = Result<v1::ConsumeResponse, Status>> + Send>>;
+pub use super::fan_in::ConsumeStream;
 
 /// Stream of outcomes on a `ProduceMany` call.
 pub type ProduceManyStream =
@@ -136,11 +134,9 @@ impl v1::floret_server::Floret for FloretService {
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let mut inbound = request.into_inner();
         let (queue, credits) = read_subscribe(&mut inbound).await?;
-        let (outbound, responses) = mpsc::unbounded_channel();
+        let (outbound, responses) = fan_in::channel();
         fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(
-            responses,
-        ))))
+        Ok(Response::new(responses))
     }
 
     async fn ack(

@@ -65,7 +65,8 @@ impl Merge {
     pub(super) fn rebalance(&mut self) -> Result<(), Status> {
         let (live, weights) = self.weights();
         let total_weight = weights.iter().fold(0u64, |sum, &w| sum.saturating_add(w));
-        let consumer_has_room = self.consumer_credits > self.waiting.len() as u64;
+        let usable_credits = self.usable_credits();
+        let consumer_has_room = usable_credits > self.waiting.len() as u64;
         let mut changes: Vec<Option<CreditChange>> = vec![None; self.nodes.len()];
         for source in 0..self.nodes.len() {
             if !self.connected[source] {
@@ -99,7 +100,7 @@ impl Merge {
             .map(|source| self.outstanding[source])
             .sum::<u64>()
             + self.waiting.len() as u64;
-        let unpromised = self.consumer_credits.saturating_sub(promised);
+        let unpromised = usable_credits.saturating_sub(promised);
         if unpromised > 0 {
             let grants = self.split.split(unpromised, &weights);
             for (source, grant) in grants.into_iter().enumerate() {

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use floret_cluster::View;
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
+use super::outbound::credit_room;
 use super::peer_source::{PeerSource, follow_peer};
 use super::{CreditChange, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources};
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
@@ -20,6 +22,11 @@ use crate::request::{self, InvalidRequest};
 use crate::service::convert;
 use crate::service::credit_split::CreditSplit;
 use crate::settle::Settler;
+
+/// The size deliveries are assumed to have before any was measured: until
+/// then a consumer may be promised 1,024 credits' worth (16 MiB), so one
+/// that never reads cannot be promised its whole window of large messages.
+const FIRST_DELIVERY_BYTES_GUESS: u64 = 16 * 1024;
 
 /// What the merge task works on.
 pub(super) struct Merge {
@@ -48,9 +55,12 @@ pub(super) struct Merge {
     pub(super) max_credits: u64,
     /// The consumer's first credits: its window, as far as this node knows.
     pub(super) initial_credits: u64,
-    /// Deliveries that arrived while the consumer had no credit.
+    /// Deliveries that arrived while the consumer had no credit or room.
     pub(super) waiting: VecDeque<(SourceIndex, v1::Delivery)>,
     pub(super) outbound: Outbound,
+    /// Recent deliveries' encoded size, smoothed: how many more fit in the
+    /// consumer's unread bound.
+    pub(super) average_delivery_bytes: u64,
 }
 
 /// Serves one consumer of `queue` from every node: subscribes here and at
@@ -114,6 +124,7 @@ pub async fn serve(
         initial_credits: u64::from(credits.min(max_credits)),
         waiting: VecDeque::new(),
         outbound,
+        average_delivery_bytes: FIRST_DELIVERY_BYTES_GUESS,
     };
     tokio::spawn(merge.run(inbound, local_deliveries, peer_deliveries, settler));
     Ok(())
@@ -131,9 +142,11 @@ impl Merge {
         tokio::spawn(read_requests(inbound, requests_sender));
         let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stream = self.outbound.clone();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                () = stream.taken() => self.forward_waiting(),
                 request = requests.recv() => match request {
                     Some(Ok(request)) => {
                         if let Err(status) = self.on_request(request, &settler) {
@@ -190,16 +203,51 @@ impl Merge {
         if generation == self.generations[source] {
             self.outstanding[source] = self.outstanding[source].saturating_sub(1);
         }
-        if self.consumer_credits == 0 {
-            self.waiting.push_back((source, delivery));
+        if self.usable_credits() == 0 {
+            self.hold(source, delivery);
             return;
         }
         self.forward(delivery);
     }
 
+    /// Credits the merge may use now: the consumer's, as far as its
+    /// stream has room for unread deliveries.
+    pub(super) fn usable_credits(&self) -> u64 {
+        credit_room(
+            self.consumer_credits,
+            self.outbound.unread_bytes(),
+            self.average_delivery_bytes,
+        )
+    }
+
+    /// Keeps `delivery` until the consumer has credit and room; when room
+    /// is what it lacks, the client's next read wakes the merge.
+    fn hold(&mut self, source: SourceIndex, delivery: v1::Delivery) {
+        if self.consumer_credits > 0 {
+            self.outbound.wait_for_room();
+        }
+        self.waiting.push_back((source, delivery));
+    }
+
     fn forward(&mut self, delivery: v1::Delivery) {
         self.consumer_credits -= 1;
+        let bytes = delivery.encoded_len() as u64;
+        self.average_delivery_bytes =
+            self.average_delivery_bytes - self.average_delivery_bytes / 16 + bytes / 16;
         self.send(consume_response::Response::Delivery(delivery));
+    }
+
+    /// Forwards held deliveries while the consumer has credit and room.
+    fn forward_waiting(&mut self) {
+        while self.usable_credits() > 0 {
+            let Some((_, delivery)) = self.waiting.pop_front() else {
+                return;
+            };
+            self.forward(delivery);
+        }
+        if !self.waiting.is_empty() && self.consumer_credits > 0 {
+            self.outbound.wait_for_room();
+        }
     }
 
     fn on_request(&mut self, request: v1::ConsumeRequest, settler: &Settler) -> Result<(), Status> {
@@ -230,12 +278,7 @@ impl Merge {
 
     fn on_credit(&mut self, credits: u32) -> Result<(), Status> {
         self.consumer_credits = (self.consumer_credits + u64::from(credits)).min(self.max_credits);
-        while self.consumer_credits > 0 {
-            let Some((_, delivery)) = self.waiting.pop_front() else {
-                break;
-            };
-            self.forward(delivery);
-        }
+        self.forward_waiting();
         Ok(())
     }
 

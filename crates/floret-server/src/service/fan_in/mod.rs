@@ -24,6 +24,10 @@
 //! breaks is opened again after a pause; what it held is redelivered by its
 //! shard's leader.
 //!
+//! Unread deliveries: a consumer whose stream holds 16 MiB of deliveries it
+//! has not read is treated as one without credit until it reads
+//! (`outbound.rs`), so one that stops reading pins at most that much here.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - A delivery waiting here for credit keeps its lease ticking on the node
 //!   that made it; a consumer slower than the lease timeout with fewer
@@ -33,6 +37,7 @@
 
 mod credits;
 mod merge;
+mod outbound;
 mod peer_source;
 
 use std::sync::Arc;
@@ -40,10 +45,10 @@ use std::time::Duration;
 
 use floret_cluster::{Peers, View};
 use floret_proto::v1;
-use tokio::sync::{mpsc, watch};
-use tonic::Status;
+use tokio::sync::watch;
 
 pub use merge::serve;
+pub use outbound::{ConsumeStream, Outbound, channel};
 
 use crate::deliver::DispatcherHandle;
 use crate::settle::Settler;
@@ -56,9 +61,6 @@ const REBALANCE_INTERVAL: Duration = Duration::from_millis(100);
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// Largest delivery accepted from a peer.
 const MAX_DELIVERY_BYTES: usize = 32 * 1024 * 1024;
-
-/// What the consumer's stream receives.
-pub type Outbound = mpsc::UnboundedSender<Result<v1::ConsumeResponse, Status>>;
 
 /// Index of a source: 0 is this node's dispatcher, then one per peer.
 type SourceIndex = usize;
