@@ -28,6 +28,8 @@
 //! and producers that stay idle have their counters forgotten ([`idle`]).
 
 pub mod config;
+#[cfg(test)]
+mod decode_properties;
 pub mod deliver;
 pub mod delivery_id;
 pub mod error;

@@ -23,6 +23,8 @@
 
 mod change_set;
 mod database;
+#[cfg(test)]
+mod decode_properties;
 mod durability;
 pub mod failpoints;
 mod flusher;
