@@ -145,7 +145,7 @@ impl Merge {
         let stream = self.outbound.clone();
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tick.tick() => self.forward_waiting(),
                 () = stream.taken() => self.forward_waiting(),
                 request = requests.recv() => match request {
                     Some(Ok(request)) => {
@@ -203,11 +203,8 @@ impl Merge {
         if generation == self.generations[source] {
             self.outstanding[source] = self.outstanding[source].saturating_sub(1);
         }
-        if self.usable_credits() == 0 {
-            self.hold(source, delivery);
-            return;
-        }
-        self.forward(delivery);
+        self.waiting.push_back((source, delivery));
+        self.forward_waiting();
     }
 
     /// Credits the merge may use now: the consumer's, as far as its
@@ -220,13 +217,26 @@ impl Merge {
         )
     }
 
-    /// Keeps `delivery` until the consumer has credit and room; when room
-    /// is what it lacks, the client's next read wakes the merge.
-    fn hold(&mut self, source: SourceIndex, delivery: v1::Delivery) {
-        if self.consumer_credits > 0 {
+    /// Forwards held deliveries, oldest first, while the consumer has
+    /// credit and room. When room is what it lacks, the client's next read
+    /// wakes the merge; the room is looked at again after asking, so a
+    /// read in between is not missed.
+    fn forward_waiting(&mut self) {
+        loop {
+            while self.usable_credits() > 0 {
+                let Some((_, delivery)) = self.waiting.pop_front() else {
+                    return;
+                };
+                self.forward(delivery);
+            }
+            if self.waiting.is_empty() || self.consumer_credits == 0 {
+                return;
+            }
             self.outbound.wait_for_room();
+            if self.usable_credits() == 0 {
+                return;
+            }
         }
-        self.waiting.push_back((source, delivery));
     }
 
     fn forward(&mut self, delivery: v1::Delivery) {
@@ -234,20 +244,7 @@ impl Merge {
         let bytes = delivery.encoded_len() as u64;
         self.average_delivery_bytes =
             self.average_delivery_bytes - self.average_delivery_bytes / 16 + bytes / 16;
-        self.send(consume_response::Response::Delivery(delivery));
-    }
-
-    /// Forwards held deliveries while the consumer has credit and room.
-    fn forward_waiting(&mut self) {
-        while self.usable_credits() > 0 {
-            let Some((_, delivery)) = self.waiting.pop_front() else {
-                return;
-            };
-            self.forward(delivery);
-        }
-        if !self.waiting.is_empty() && self.consumer_credits > 0 {
-            self.outbound.wait_for_room();
-        }
+        let _consumer_gone = self.outbound.send_delivery(delivery, bytes);
     }
 
     fn on_request(&mut self, request: v1::ConsumeRequest, settler: &Settler) -> Result<(), Status> {

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use floret_proto::v1::{self, consume_response};
 use futures::{Stream, StreamExt};
-use prost::Message;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Status;
@@ -27,7 +26,8 @@ pub const UNREAD_BYTES: u64 = 16 * 1024 * 1024;
 /// The merge's end of a consumer's stream.
 #[derive(Clone)]
 pub struct Outbound {
-    responses: mpsc::UnboundedSender<Result<v1::ConsumeResponse, Status>>,
+    /// Each response with its bytes counted as unread (0 but for deliveries).
+    responses: mpsc::UnboundedSender<(u64, Result<v1::ConsumeResponse, Status>)>,
     unread: Arc<Unread>,
 }
 
@@ -50,34 +50,33 @@ pub fn channel() -> (Outbound, ConsumeStream) {
     let (responses, receiver) = mpsc::unbounded_channel();
     let unread = Arc::new(Unread::default());
     let taking = unread.clone();
-    let stream = UnboundedReceiverStream::new(receiver).inspect(move |response| {
-        let bytes = delivery_bytes(response);
+    let stream = UnboundedReceiverStream::new(receiver).map(move |(bytes, response)| {
         if bytes > 0 {
             taking.bytes.fetch_sub(bytes, Ordering::Relaxed);
             if taking.merge_waits.swap(false, Ordering::Relaxed) {
                 taking.taken.notify_one();
             }
         }
+        response
     });
     (Outbound { responses, unread }, Box::pin(stream))
 }
 
-/// Encoded bytes of a delivery (0 for anything else).
-fn delivery_bytes(response: &Result<v1::ConsumeResponse, Status>) -> u64 {
-    match response {
-        Ok(v1::ConsumeResponse {
-            response: Some(consume_response::Response::Delivery(delivery)),
-        }) => delivery.encoded_len() as u64,
-        _ => 0,
-    }
-}
-
 impl Outbound {
-    /// Sends `response`; Err once the client's stream is gone.
+    /// Sends `response` (not a delivery: it counts nothing as unread); Err
+    /// once the client's stream is gone.
     pub fn send(&self, response: Result<v1::ConsumeResponse, Status>) -> Result<(), ()> {
-        let bytes = delivery_bytes(&response);
+        self.responses.send((0, response)).map_err(|_| ())
+    }
+
+    /// Sends `delivery`, whose encoded size is `bytes`, counting it unread
+    /// until gRPC takes it.
+    pub fn send_delivery(&self, delivery: v1::Delivery, bytes: u64) -> Result<(), ()> {
         self.unread.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.responses.send(response).map_err(|_| ())
+        let response = v1::ConsumeResponse {
+            response: Some(consume_response::Response::Delivery(delivery)),
+        };
+        self.responses.send((bytes, Ok(response))).map_err(|_| ())
     }
 
     /// Whether the client's stream is gone.
@@ -112,6 +111,8 @@ pub fn credit_room(credits: u64, unread: u64, average_bytes: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
+
     use super::*;
 
     #[test]
@@ -127,15 +128,13 @@ mod tests {
     #[tokio::test]
     async fn unread_bytes_fall_as_the_client_takes_deliveries() {
         let (outbound, mut stream) = channel();
-        let delivery = v1::ConsumeResponse {
-            response: Some(consume_response::Response::Delivery(v1::Delivery {
-                payload: vec![0; 1000],
-                ..v1::Delivery::default()
-            })),
+        let delivery = v1::Delivery {
+            payload: vec![0; 1000],
+            ..v1::Delivery::default()
         };
-        let size = delivery_bytes(&Ok(delivery.clone()));
-        outbound.send(Ok(delivery.clone())).unwrap();
-        outbound.send(Ok(delivery)).unwrap();
+        let size = delivery.encoded_len() as u64;
+        outbound.send_delivery(delivery.clone(), size).unwrap();
+        outbound.send_delivery(delivery, size).unwrap();
         outbound.send(Ok(v1::ConsumeResponse::default())).unwrap();
         assert_eq!(outbound.unread_bytes(), 2 * size);
         let _first = stream.next().await;
