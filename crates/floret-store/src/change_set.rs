@@ -82,12 +82,13 @@ impl ChangeSet {
 
     /// Sets `key` to `value`, or deletes it when `value` is None.
     pub(crate) fn set(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let added = change_bytes(&key, &value);
+        let key_len = key.len();
         let replaced = self
             .changes
-            .get(&key)
-            .map_or(0, |previous| change_bytes(&key, previous));
-        self.bytes = self.bytes + change_bytes(&key, &value) - replaced;
-        self.changes.insert(key, value);
+            .insert(key, value)
+            .map_or(0, |previous| key_len + previous.map_or(0, |v| v.len()));
+        self.bytes = self.bytes + added - replaced;
     }
 
     /// Drops whatever this set does to `key`.

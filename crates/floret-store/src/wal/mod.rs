@@ -355,9 +355,9 @@ impl Wal {
         } else {
             active.sync_data()
         };
-        self.lock().latch("fdatasync", synced)?;
         {
             let mut state = self.lock();
+            state.latch("fdatasync", synced)?;
             if state.active.id == segment {
                 state.synced_len = state.synced_len.max(len);
             }

@@ -38,9 +38,16 @@ impl Wal {
             let synced = state.active.file.sync_data();
             state.latch("fdatasync before deleting segments", synced)?;
             for id in obsolete {
-                state.sealed.remove(&id);
-                let removed = fs::remove_file(segment_path(&self.dir, id));
-                state.latch("deleting a segment", removed)?;
+                // A segment left behind is harmless (replayed, then dropped
+                // by the durable purge record); it is tried again next purge.
+                match fs::remove_file(segment_path(&self.dir, id)) {
+                    Ok(()) => {
+                        state.sealed.remove(&id);
+                    }
+                    Err(error) => {
+                        tracing::warn!(segment = id, %error, "cannot delete an obsolete raft log segment; trying again at the next purge")
+                    }
+                }
             }
             let folder_synced = File::open(&self.dir).and_then(|folder| folder.sync_all());
             state.latch("fsync of the log folder", folder_synced)?;

@@ -71,8 +71,9 @@ impl WalState {
         }
     }
 
-    /// Stops the log when `result` failed: after a failed sync, rename or
-    /// delete, what is on disk is unknown, so no later call may succeed.
+    /// Stops the log when `result` failed: after a failed write or sync,
+    /// what is on disk is unknown, so no later call may succeed. The first
+    /// failure's reason is kept.
     pub(super) fn latch<T>(&mut self, what: &str, result: io::Result<T>) -> io::Result<T> {
         if let Err(error) = &result {
             self.failed
@@ -87,13 +88,11 @@ impl WalState {
         self.check()?;
         if let Err(error) = (&*self.active.file).write_all(bytes) {
             let cut = self.active.file.set_len(self.active.len);
-            self.failed = Some(match cut {
-                Ok(()) => format!("write failed: {error}"),
-                Err(cut_error) => {
-                    format!("write failed: {error}; cutting the partial frame failed: {cut_error}")
-                }
-            });
-            return Err(error);
+            let what = match cut {
+                Ok(()) => "write".to_owned(),
+                Err(cut_error) => format!("write (cutting the partial frame failed: {cut_error})"),
+            };
+            return self.latch(&what, Err(error));
         }
         self.active.len += bytes.len() as u64;
         self.written_since_open += bytes.len() as u64;
