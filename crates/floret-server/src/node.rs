@@ -99,12 +99,26 @@ pub enum NodeError {
 }
 
 /// Binds the client port (`listen`) and, for a cluster, the peer port
-/// (`peer_listen`, by default this node's own address in `peers`).
+/// (`peer_listen`, by default the port of this node's own address in
+/// `peers` on the client port's interface: a host name there may resolve
+/// to another interface, such as Debian's 127.0.1.1 for the machine's own
+/// name).
 pub async fn bind_listeners(config: &Config) -> Result<Listeners, NodeError> {
     let client = bind("client", &config.listen.to_string()).await?;
     let peer = match (config.peer_listen, config.own_peer_address()) {
         (Some(address), _) => Some(bind("peer", &address.to_string()).await?),
-        (None, Some(own)) => Some(bind("peer", own).await?),
+        (None, Some(own)) => {
+            let port = own
+                .rsplit_once(':')
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .ok_or_else(|| NodeError::Bind {
+                    port: "peer",
+                    address: own.to_owned(),
+                    source: std::io::Error::other("this node's peers entry has no port"),
+                })?;
+            let address = SocketAddr::new(config.listen.ip(), port);
+            Some(bind("peer", &address.to_string()).await?)
+        }
         (None, None) => None,
     };
     Ok(Listeners { client, peer })
@@ -248,6 +262,9 @@ impl Node {
         }
         if self.fault.reason().is_none() {
             self.server.report_serving().await;
+            if self.fault.reason().is_some() {
+                self.server.report_not_serving().await;
+            }
         }
         Ok(())
     }

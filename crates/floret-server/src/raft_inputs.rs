@@ -104,6 +104,9 @@ pub struct SnapshotChunks {
 struct Receiving {
     snapshot_id: String,
     received: u64,
+    /// Its last chunk came: only resends of what was received are taken
+    /// (the answer to the last chunk may have been lost).
+    done: bool,
 }
 
 impl SnapshotChunks {
@@ -125,18 +128,20 @@ impl SnapshotChunks {
         check_vote(&chunk.vote)?;
         check_log_id(chunk.meta.last_log_id.as_ref())?;
         let snapshot_id = &chunk.meta.snapshot_id;
-        let received = match self.receiving.get(&shard) {
-            Some(receiving) if &receiving.snapshot_id == snapshot_id => receiving.received,
-            _ => 0,
+        let (received, done) = match self.receiving.get(&shard) {
+            Some(receiving) if &receiving.snapshot_id == snapshot_id => {
+                (receiving.received, receiving.done)
+            }
+            _ => (0, false),
         };
-        if chunk.offset > received {
+        let end = chunk.offset.saturating_add(chunk.data.len() as u64);
+        if chunk.offset > received || (done && end > received) {
             return Err(RaftInputError::ChunkOutOfPlace {
                 snapshot_id: snapshot_id.clone(),
                 offset: chunk.offset,
                 received,
             });
         }
-        let end = chunk.offset.saturating_add(chunk.data.len() as u64);
         if end > self.max_snapshot_bytes {
             return Err(RaftInputError::SnapshotTooLarge {
                 snapshot_id: snapshot_id.clone(),
@@ -144,17 +149,14 @@ impl SnapshotChunks {
                 max: self.max_snapshot_bytes,
             });
         }
-        if chunk.done {
-            self.receiving.remove(&shard);
-        } else {
-            self.receiving.insert(
-                shard,
-                Receiving {
-                    snapshot_id: snapshot_id.clone(),
-                    received: received.max(end),
-                },
-            );
-        }
+        self.receiving.insert(
+            shard,
+            Receiving {
+                snapshot_id: snapshot_id.clone(),
+                received: received.max(end),
+                done: chunk.done || done,
+            },
+        );
         Ok(())
     }
 }
@@ -235,6 +237,7 @@ mod tests {
         chunks.admit(0, &chunk("s1", 0, 100, false)).unwrap();
         chunks.admit(0, &chunk("s1", 100, 100, false)).unwrap();
         chunks.admit(0, &chunk("s1", 100, 100, false)).unwrap();
+        chunks.admit(0, &chunk("s1", 200, 50, true)).unwrap();
         chunks.admit(0, &chunk("s1", 200, 50, true)).unwrap();
         assert!(
             chunks.admit(0, &chunk("s1", 250, 10, false)).is_err(),

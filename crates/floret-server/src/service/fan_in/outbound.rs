@@ -52,8 +52,10 @@ pub fn channel() -> (Outbound, ConsumeStream) {
     let taking = unread.clone();
     let stream = UnboundedReceiverStream::new(receiver).map(move |(bytes, response)| {
         if bytes > 0 {
-            taking.bytes.fetch_sub(bytes, Ordering::Relaxed);
-            if taking.merge_waits.swap(false, Ordering::Relaxed) {
+            taking.bytes.fetch_sub(bytes, Ordering::SeqCst);
+            if taking.merge_waits.load(Ordering::SeqCst)
+                && taking.merge_waits.swap(false, Ordering::SeqCst)
+            {
                 taking.taken.notify_one();
             }
         }
@@ -86,12 +88,12 @@ impl Outbound {
 
     /// Bytes of deliveries the client has not taken yet.
     pub fn unread_bytes(&self) -> u64 {
-        self.unread.bytes.load(Ordering::Relaxed)
+        self.unread.bytes.load(Ordering::SeqCst)
     }
 
     /// Asks to be woken ([`Self::taken`]) when the client next takes a delivery.
     pub fn wait_for_room(&self) {
-        self.unread.merge_waits.store(true, Ordering::Relaxed);
+        self.unread.merge_waits.store(true, Ordering::SeqCst);
     }
 
     /// Resolves once the client took a delivery after [`Self::wait_for_room`].
@@ -103,9 +105,11 @@ impl Outbound {
 /// How many of a consumer's `credits` may be used now, when its stream
 /// holds `unread` bytes and deliveries average `average_bytes`: all of
 /// them while they fit in [`UNREAD_BYTES`] at that size, fewer as the
-/// stream fills, none once it is full.
+/// stream fills, none once it is full; always one while nothing is unread,
+/// so deliveries larger than the bound still go out, one at a time.
 pub fn credit_room(credits: u64, unread: u64, average_bytes: u64) -> u64 {
     let room = UNREAD_BYTES.saturating_sub(unread) / average_bytes.max(1);
+    let room = if unread == 0 { room.max(1) } else { room };
     credits.min(room)
 }
 
@@ -123,6 +127,11 @@ mod tests {
         assert_eq!(credit_room(100_000, UNREAD_BYTES, 1024), 0);
         assert_eq!(credit_room(100_000, UNREAD_BYTES + 1, 1024), 0);
         assert_eq!(credit_room(5, 0, 0), 5, "no delivery measured yet");
+        assert_eq!(
+            credit_room(5, 0, 2 * UNREAD_BYTES),
+            1,
+            "deliveries larger than the bound stalled the consumer for good"
+        );
     }
 
     #[tokio::test]
