@@ -23,8 +23,8 @@ pub struct ServeArgs {
     /// The client port's address (the public gRPC API); port 0 picks a free one.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// The peer port's address (node-to-node calls only; default: this
-    /// node's own address in --peers).
+    /// The peer port's address (node-to-node calls only; default: the port
+    /// of this node's own entry in --peers, on --listen's interface).
     #[arg(long)]
     peer_listen: Option<SocketAddr>,
     /// The address clients are told to dial for this node (default: the

@@ -30,8 +30,9 @@ pub struct Config {
     /// printed).
     pub listen: SocketAddr,
     /// The peer port: node-to-node calls only (raft, forwarded produces and
-    /// settles, each node's own dispatcher and figures). By default this
-    /// node's own address in `peers`; a one-node cluster has none.
+    /// settles, each node's own dispatcher and figures). By default the
+    /// port of this node's own entry in `peers`, on `listen`'s interface;
+    /// a one-node cluster has none.
     pub peer_listen: Option<SocketAddr>,
     /// The address clients are told to dial for this node (in produce
     /// answers that name a shard's leader, and in cluster status). By
