@@ -12,6 +12,10 @@
 # missing), FLORET_DEV_DIR (data dirs, logs and pid files; default
 # ./floret-local), FLORET_BASE_PORT (node N's client port is BASE_PORT + N - 1,
 # default 7701; its peer port, which only the other nodes dial, is 100 above).
+#
+# The nodes serve TLS and mutual TLS with certificates `floret certs` makes
+# in $FLORET_DEV_DIR/certs on the first start; the floret commands trust
+# them with FLORET_TLS_CA=$FLORET_DEV_DIR/certs/ca.pem (the script says so).
 set -eu
 
 dir=${FLORET_DEV_DIR:-floret-local}
@@ -20,11 +24,15 @@ floret=${FLORET:-target/release/floret}
 peer_port=$((base_port + 100))
 peers="1=127.0.0.1:${peer_port},2=127.0.0.1:$((peer_port + 1)),3=127.0.0.1:$((peer_port + 2))"
 
+certs="$dir/certs"
+
 start_node() {
     id=$1
     port=$((base_port + id - 1))
     "$floret" serve --node-id "$id" --listen "127.0.0.1:$port" \
         --data-dir "$dir/node-$id" --peers "$peers" \
+        --tls-cert "$certs/node-$id.pem" --tls-key "$certs/node-$id.key" \
+        --tls-ca "$certs/ca.pem" \
         >"$dir/node-$id.out" 2>"$dir/node-$id.log" &
     echo $! >"$dir/node-$id.pid"
     echo "node $id: pid $!, 127.0.0.1:$port, data $dir/node-$id, log $dir/node-$id.log"
@@ -44,6 +52,9 @@ start)
         cargo build --release -p floret-cli
     fi
     mkdir -p "$dir"
+    if [ ! -f "$certs/ca.pem" ]; then
+        "$floret" certs --out "$certs" --nodes 3 >/dev/null
+    fi
     for id in 1 2 3; do start_node "$id"; done
     echo "waiting for the nodes to elect shard leaders..."
     for id in 1 2 3; do
@@ -57,7 +68,9 @@ start)
             sleep 0.1
         done
     done
-    "$floret" status --addr "127.0.0.1:$base_port"
+    "$floret" status --addr "127.0.0.1:$base_port" --tls-ca "$certs/ca.pem"
+    echo "the nodes serve TLS; let the floret commands trust them:"
+    echo "  export FLORET_TLS_CA=$certs/ca.pem"
     ;;
 stop)
     for id in 1 2 3; do signal_node TERM "$id"; done

@@ -37,6 +37,18 @@ async fn run_schedule(
     workload: WorkloadSpec,
     expect: Expect,
 ) -> RunResult {
+    run_schedule_over(schedule, rounds, start_failpoints, workload, expect, false).await
+}
+
+/// [`run_schedule`], over TLS and mutual TLS when `tls` is set.
+async fn run_schedule_over(
+    schedule: Schedule,
+    rounds: u32,
+    start_failpoints: &str,
+    workload: WorkloadSpec,
+    expect: Expect,
+    tls: bool,
+) -> RunResult {
     let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().expect("temp dir");
     let result = run(RunSpec {
@@ -47,6 +59,7 @@ async fn run_schedule(
         workload,
         start_failpoints: start_failpoints.to_owned(),
         load_between_faults: Duration::from_secs(1),
+        tls,
     })
     .await;
     let result = match result {
@@ -80,12 +93,18 @@ async fn run_schedule(
 }
 
 async fn passes(schedule: Schedule, rounds: u32) {
-    let result = run_schedule(
+    passes_over(schedule, rounds, false).await;
+}
+
+/// [`passes`], over TLS and mutual TLS when `tls` is set.
+async fn passes_over(schedule: Schedule, rounds: u32, tls: bool) {
+    let result = run_schedule_over(
         schedule,
         rounds,
         "",
         WorkloadSpec::default(),
         Expect::NoProblems,
+        tls,
     )
     .await;
     assert!(
@@ -125,6 +144,13 @@ async fn acknowledged_without_a_majority_when_two_nodes_die() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_leader_keeps_acknowledging() {
     passes(Schedule::PartitionLeader, 2).await;
+}
+
+/// The peer links cut and healed under TLS: sessions break mid-stream and
+/// are made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_leader_keeps_acknowledging_over_tls() {
+    passes_over(Schedule::PartitionLeader, 2, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 //! two cores). Every wait has a deadline; no test relies on a fixed sleep.
 
 mod bounded;
+mod dev_cluster;
 mod harness;
 mod peer_port;
 
@@ -56,14 +57,13 @@ impl Consumed {
     }
 }
 
-/// Consumes through `address` until `stop` turns true, acking every
+/// Consumes through `client` until `stop` turns true, acking every
 /// delivery on the stream and reopening the stream if it breaks.
 async fn consume_into(
-    address: String,
+    client: Client,
     consumed: Arc<Mutex<Consumed>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let client = Client::connect_lazy(&address).expect("valid address");
     let mut pending_acks: HashMap<String, (String, u64)> = HashMap::new();
     while !*stop.borrow() {
         let Ok(mut consumer) = client.consume("default", CREDITS).await else {
@@ -109,12 +109,12 @@ async fn consume_into(
     }
 }
 
-/// Consumes through `address` until every message of `expected` was
+/// Consumes through `client` until every message of `expected` was
 /// delivered at least once (panics after [`DRAIN_DEADLINE`]).
-async fn drain_through(address: String, expected: &HashSet<(String, u64)>) -> Consumed {
+async fn drain_through(client: Client, expected: &HashSet<(String, u64)>) -> Consumed {
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
     let (stop, stopped) = watch::channel(false);
-    let consumer = tokio::spawn(consume_into(address, consumed.clone(), stopped));
+    let consumer = tokio::spawn(consume_into(client, consumed.clone(), stopped));
     eventually(DRAIN_DEADLINE, "every expected message delivered", || {
         let consumed = consumed.clone();
         async move { expected.is_subset(&consumed.lock().unwrap().first_deliveries()) }
@@ -255,7 +255,7 @@ async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
     let acknowledged = produce_all(9, |i| cluster.client(i % 3 + 1), 20, 10).await;
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
     let (stop, stopped) = watch::channel(false);
-    let consumer = tokio::spawn(consume_into(cluster.address(2), consumed.clone(), stopped));
+    let consumer = tokio::spawn(consume_into(cluster.client(2), consumed.clone(), stopped));
     eventually(
         DRAIN_DEADLINE,
         "draining 1,800 messages through node 2",
@@ -303,20 +303,37 @@ async fn message_produced_through_a_non_leader_is_lost_or_duplicated() {
 async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    kill_a_shard_leader_under_load(cluster).await;
+}
+
+/// The same over TLS on the client ports and mutual TLS between the nodes,
+/// with certificates `floret certs` made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_message_lost_when_a_shard_leader_is_killed_over_tls() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start_tls(dir.path(), 3, &["--shards", SHARDS]);
+    kill_a_shard_leader_under_load(cluster).await;
+}
+
+/// Produces through every node and consumes through one while shard 0's
+/// leader is killed and restarted: every acknowledged message is delivered,
+/// nothing unexpected is, in order, with few duplicates.
+async fn kill_a_shard_leader_under_load(mut cluster: Cluster) {
     let victim = cluster.leader_of(0, 1).await;
     let survivor = victim % 3 + 1;
 
     let consumed: Arc<Mutex<Consumed>> = Arc::default();
     let (stop_consuming, consuming_stopped) = watch::channel(false);
     let consumer = tokio::spawn(consume_into(
-        cluster.address(survivor),
+        cluster.client(survivor),
         consumed.clone(),
         consuming_stopped,
     ));
     let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let stop_producing = Arc::new(AtomicBool::new(false));
-    let every_node = Client::connect_lazy(&cluster.addresses()).unwrap();
+    let every_node = cluster.client_of(&cluster.addresses());
     let placement = ShardPlacement::new(SHARDS.parse().unwrap());
     let on_shard_0: Vec<String> = (0..)
         .map(|i| format!("tenant-{i}"))
@@ -481,7 +498,7 @@ async fn produce_acknowledged_without_a_majority() {
         cluster.restart(3);
     });
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
-    drain_through(cluster.address(3), &expected).await;
+    drain_through(cluster.client(3), &expected).await;
 }
 
 /// A produce's answer names its shard's leader, also through a node that
@@ -517,7 +534,7 @@ async fn produce_answer_names_a_node_that_does_not_lead_the_shard() {
         assert_eq!(answer.leader_address, cluster.address(leader));
     }
     let expected: HashSet<_> = (0..=3).map(|c| (producer.clone(), c)).collect();
-    drain_through(cluster.address(follower), &expected).await;
+    drain_through(cluster.client(follower), &expected).await;
 }
 
 /// Appends reach a node on long-lived streams from its peers; a stopping
@@ -551,7 +568,7 @@ async fn graceful_stop_waits_for_peers_to_close_their_streams() {
     .await;
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     assert_eq!(expected.len(), 200);
-    drain_through(cluster.address(2), &expected).await;
+    drain_through(cluster.client(2), &expected).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,7 +646,7 @@ async fn node_with_wiped_data_dir_stays_behind() {
 
     cluster.kill(1);
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
-    drain_through(cluster.address(3), &expected).await;
+    drain_through(cluster.client(3), &expected).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

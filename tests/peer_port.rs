@@ -4,14 +4,16 @@
 //! snapshot or propose an unchecked operation there. On the peer port,
 //! raft messages that would break a shard (a term about to overflow, a
 //! snapshot chunk far past its end) are refused before openraft sees them.
+//! Over mutual TLS, the peer port serves only members, each as itself.
 
+use floret_chaos::process::ClusterCerts;
 use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::peer::v1::{
     HandBackRequest, NodeStatusRequest, PeerSettleRequest, RaftCalls, RaftMessage,
     ShardStatesRequest,
 };
 use floret_proto::v1;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Status};
 
 use super::harness::{Cluster, one_cluster_at_a_time, reflected_services};
@@ -202,4 +204,117 @@ async fn forged_vote_or_snapshot_chunk_stops_a_shard_for_good() {
         .produce("default", &producer, vec![message])
         .await
         .expect("the shard serves after the forged vote and chunk");
+}
+
+/// A channel to a peer port over TLS, trusting `certs`' CA, expecting the
+/// member name of `node`, and presenting the certificate `presented` (the
+/// stem of a `floret certs` file pair, such as `node-3` or `client`) if any.
+async fn tls_channel(
+    address: &str,
+    certs: &ClusterCerts,
+    node: u64,
+    presented: Option<(&ClusterCerts, &str)>,
+) -> Result<Channel, tonic::transport::Error> {
+    let read = |certs: &ClusterCerts, name: String| std::fs::read(certs.file(&name)).unwrap();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(certs, "ca.pem".into())))
+        .domain_name(floret_cluster::member_name(node));
+    if let Some((issued_by, stem)) = presented {
+        tls = tls.identity(Identity::from_pem(
+            read(issued_by, format!("{stem}.pem")),
+            read(issued_by, format!("{stem}.key")),
+        ));
+    }
+    tonic::transport::Endpoint::from_shared(format!("https://{address}"))
+        .unwrap()
+        .tls_config(tls)?
+        .connect()
+        .await
+}
+
+/// What `ShardStates` answered through a channel made by [`tls_channel`]:
+/// the status code, or Unavailable when the handshake itself failed.
+async fn shard_states_through(channel: Result<Channel, tonic::transport::Error>) -> Code {
+    match channel {
+        Ok(channel) => match PeerClient::new(channel)
+            .shard_states(ShardStatesRequest {})
+            .await
+        {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        },
+        Err(_) => Code::Unavailable,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anyone_with_network_access_drives_raft_on_the_peer_port() {
+    use floret_cluster::encode;
+    use openraft::Vote;
+    use openraft::raft::VoteRequest;
+
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start_tls(dir.path(), 3, &["--shards", "3"]);
+    let certs = cluster.certs().unwrap();
+    let stranger_dir = tempfile::tempdir().unwrap();
+    let strangers = ClusterCerts::make(
+        std::path::Path::new(super::harness::floret_binary()),
+        stranger_dir.path(),
+        3,
+    )
+    .unwrap();
+    let peer_port = cluster.peer_address(2);
+
+    let plaintext = tonic::transport::Endpoint::from_shared(format!("http://{peer_port}"))
+        .unwrap()
+        .connect()
+        .await;
+    assert_ne!(
+        shard_states_through(plaintext).await,
+        Code::Ok,
+        "a plaintext caller was served"
+    );
+    let without_certificate = tls_channel(&peer_port, certs, 2, None).await;
+    assert_ne!(
+        shard_states_through(without_certificate).await,
+        Code::Ok,
+        "a caller without a certificate was served"
+    );
+    let other_ca = tls_channel(&peer_port, certs, 2, Some((&strangers, "node-3"))).await;
+    assert_ne!(
+        shard_states_through(other_ca).await,
+        Code::Ok,
+        "a certificate of another CA was taken"
+    );
+    let not_a_member = tls_channel(&peer_port, certs, 2, Some((certs, "client"))).await;
+    assert_eq!(
+        shard_states_through(not_a_member).await,
+        Code::PermissionDenied,
+        "a certificate of the cluster's CA that names no member"
+    );
+    let node_3 = tls_channel(&peer_port, certs, 2, Some((certs, "node-3"))).await;
+    let mut as_node_3 = PeerClient::new(node_3.expect("node 3's certificate is taken"));
+    as_node_3
+        .shard_states(ShardStatesRequest {})
+        .await
+        .expect("a member is served");
+    let vote_as_node_1 = VoteRequest::<u64>::new(Vote::new(1_000, 1), None);
+    let refused = as_node_3
+        .vote(RaftMessage {
+            shard_id: 0,
+            payload: encode(&vote_as_node_1),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("node 3"), "{refused:?}");
+    let hand_back_as_node_1 = as_node_3
+        .hand_back(HandBackRequest {
+            shard_id: 0,
+            node_id: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(hand_back_as_node_1.code(), Code::PermissionDenied);
 }

@@ -529,3 +529,19 @@ async fn node_whose_log_failed_to_sync_stays_serving() {
     let fault = &status.nodes[0].fault;
     assert!(fault.contains("raft log stopped"), "{status:?}");
 }
+
+#[test]
+fn node_serves_plaintext_to_the_whole_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = start_expecting_failure(&dir.path().join("node"), &["--listen", "0.0.0.0:0"]);
+    assert!(
+        stderr.contains("refusing to serve plaintext on 0.0.0.0")
+            && stderr.contains("--insecure")
+            && stderr.contains("floret certs"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("node").exists(),
+        "the refused node created its data dir"
+    );
+}

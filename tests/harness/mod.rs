@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use floret_chaos::process::{LOG_FILTER, ServeArgs, peers_flag, poll, ready_address, shard_leader};
+use floret_chaos::process::{
+    ClusterCerts, LOG_FILTER, ServeArgs, peers_flag, poll, ready_address, shard_leader,
+};
 use floret_client::Client;
 
 pub use floret_chaos::process::START_DEADLINE;
@@ -176,6 +178,8 @@ pub struct Cluster {
     /// Each node's peer port.
     peer_ports: Vec<u16>,
     extra_args: Vec<String>,
+    /// The certificates of a cluster that runs over TLS.
+    tls: Option<ClusterCerts>,
     nodes: Vec<Option<FloretProcess>>,
 }
 
@@ -183,6 +187,24 @@ impl Cluster {
     /// Starts `size` nodes (ids 1..=size) under `root`, all at once, and
     /// waits until every one serves.
     pub fn start(root: &Path, size: usize, extra_args: &[&str]) -> Self {
+        Self::start_with(root, size, extra_args, None)
+    }
+
+    /// Like [`Cluster::start`], every node serving TLS on its client port
+    /// and mutual TLS on its peer port, with certificates `floret certs`
+    /// makes under `root`.
+    pub fn start_tls(root: &Path, size: usize, extra_args: &[&str]) -> Self {
+        let certs = ClusterCerts::make(Path::new(floret_binary()), &root.join("certs"), size)
+            .expect("floret certs");
+        Self::start_with(root, size, extra_args, Some(certs))
+    }
+
+    fn start_with(
+        root: &Path,
+        size: usize,
+        extra_args: &[&str],
+        tls: Option<ClusterCerts>,
+    ) -> Self {
         let mut ports =
             floret_chaos::ports::free_loopback_ports(2 * size).expect("free loopback ports");
         let peer_ports = ports.split_off(size);
@@ -191,6 +213,7 @@ impl Cluster {
             ports,
             peer_ports,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            tls,
             nodes: (0..size).map(|_| None).collect(),
         };
         let starting: Vec<Starting> = (1..=size as u64).map(|id| cluster.spawn(id)).collect();
@@ -214,6 +237,9 @@ impl Cluster {
             "--peers".to_owned(),
             peers,
         ];
+        if let Some(certs) = &self.tls {
+            args.extend(certs.serve_flags(id));
+        }
         args.extend(self.extra_args.iter().cloned());
         FloretProcess::spawn(&self.data_dir(id), &args)
     }
@@ -243,7 +269,22 @@ impl Cluster {
 
     /// A client of node `id`.
     pub fn client(&self, id: u64) -> Client {
-        Client::connect_lazy(&self.address(id)).expect("valid address")
+        self.client_of(&self.address(id))
+    }
+
+    /// A client of the nodes at `address` (one or several), over TLS when
+    /// the cluster runs over TLS.
+    pub fn client_of(&self, address: &str) -> Client {
+        match &self.tls {
+            Some(certs) => certs.client(address),
+            None => Client::connect_lazy(address),
+        }
+        .expect("valid address")
+    }
+
+    /// The cluster's certificates, when it runs over TLS.
+    pub fn certs(&self) -> Option<&ClusterCerts> {
+        self.tls.as_ref()
     }
 
     /// SIGKILL of node `id`.
@@ -313,10 +354,18 @@ impl Cluster {
     }
 }
 
-/// Runs `floret serve` expecting it to fail at start; returns its stderr.
+/// Runs `floret serve` (on 127.0.0.1:0 unless `extra_args` has a
+/// `--listen`) expecting it to fail at start; returns its stderr.
 pub fn start_expecting_failure(data_dir: &Path, extra_args: &[&str]) -> String {
+    let listen: &[&str] = if extra_args.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let output = Command::new(floret_binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg("serve")
+        .args(listen)
+        .arg("--data-dir")
         .arg(data_dir)
         .args(extra_args)
         .stdin(Stdio::null())

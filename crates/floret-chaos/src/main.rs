@@ -47,6 +47,10 @@ struct Args {
     /// Also write every run's result as JSON lines here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run every cluster over TLS on the client ports and mutual TLS
+    /// between the nodes (certificates from `floret certs`).
+    #[arg(long)]
+    tls: bool,
 }
 
 /// Totals of one schedule over its runs.
@@ -127,6 +131,7 @@ fn main() -> anyhow::Result<()> {
             },
             start_failpoints: String::new(),
             load_between_faults: Duration::from_secs(args.load_seconds),
+            tls: args.tls,
         };
         let result = runtime.block_on(run(spec))?;
         let problems = result.problems();

@@ -65,6 +65,27 @@ pub fn free_loopback_ports(count: usize) -> io::Result<Vec<u16>> {
         format!("fewer than {count} free loopback ports below {end}"),
     ))
 }
+/// The first of `len` consecutive loopback ports that are all free now,
+/// for a command that takes a base port and counts up from it (`floret
+/// dev`); none of them is handed out again by this process.
+pub fn free_loopback_range(len: u16) -> io::Result<u16> {
+    let end = ephemeral_start().max(LOWEST + len);
+    let candidates = u32::from(end - LOWEST - len + 1);
+    let offset = std::process::id().wrapping_mul(7_919) % candidates;
+    let _first_pick =
+        NEXT_CANDIDATE.compare_exchange(0, offset, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..candidates / u32::from(len.max(1)) + 1 {
+        let step = NEXT_CANDIDATE.fetch_add(u32::from(len), Ordering::Relaxed) % candidates;
+        let first = LOWEST + step as u16;
+        if (first..first + len).all(is_free) {
+            return Ok(first);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("no {len} consecutive free loopback ports below {end}"),
+    ))
+}
 
 #[cfg(test)]
 mod tests {

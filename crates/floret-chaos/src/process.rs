@@ -1,15 +1,18 @@
 //! What every test that starts real `floret serve` processes shares: the
 //! command line of a node, its ready line, how long it may take to start,
-//! and asking a node who leads a shard. The black-box tests' harness
+//! the certificates of a cluster that runs over TLS ([`ClusterCerts`]), and
+//! asking a node who leads a shard. The black-box tests' harness
 //! (`tests/harness`, blocking) and the chaos [`Cluster`](crate::cluster::Cluster)
 //! (async, with proxied peer links) both start their nodes with it.
 
 use std::ffi::OsString;
 use std::fmt::Display;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use floret_client::{Client, ClientError, ClientTls};
 use floret_proto::v1::ClusterStatusResponse;
 
 /// How long a node may take to print its ready line.
@@ -34,6 +37,63 @@ pub fn peers_flag<A: Display>(members: impl IntoIterator<Item = (u64, A)>) -> St
         .map(|(id, address)| format!("{id}={address}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// A cluster's CA and member certificates, made by `floret certs`.
+#[derive(Debug, Clone)]
+pub struct ClusterCerts {
+    dir: PathBuf,
+}
+
+impl ClusterCerts {
+    /// Runs `floret certs` (the binary at `floret`) for nodes 1 to `nodes`,
+    /// writing into `dir`.
+    pub fn make(floret: &Path, dir: &Path, nodes: usize) -> Result<Self, String> {
+        let output = Command::new(floret)
+            .arg("certs")
+            .arg("--out")
+            .arg(dir)
+            .args(["--nodes", &nodes.to_string()])
+            .output()
+            .map_err(|error| format!("cannot run {} certs: {error}", floret.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "floret certs failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// A file `floret certs` wrote (`ca.pem`, `node-1.key`, `client.pem`...).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The `floret serve` flags that make node `id` serve TLS and mutual TLS.
+    pub fn serve_flags(&self, id: u64) -> Vec<String> {
+        let path = |name: String| self.file(&name).display().to_string();
+        vec![
+            "--tls-cert".into(),
+            path(format!("node-{id}.pem")),
+            "--tls-key".into(),
+            path(format!("node-{id}.key")),
+            "--tls-ca".into(),
+            path("ca.pem".into()),
+        ]
+    }
+
+    /// How clients trust the cluster's nodes.
+    pub fn client_tls(&self) -> ClientTls {
+        ClientTls::from_ca_file(self.file("ca.pem")).expect("floret certs wrote ca.pem")
+    }
+
+    /// A client of the nodes at `address` over TLS.
+    pub fn client(&self, address: &str) -> Result<Client, ClientError> {
+        Client::connect_lazy_tls(address, &self.client_tls())
+    }
 }
 
 /// The arguments of `floret serve` for one node.

@@ -37,6 +37,8 @@ pub struct RunSpec {
     pub start_failpoints: String,
     /// Load before the first fault and after each heal.
     pub load_between_faults: Duration,
+    /// Run the cluster over TLS and mutual TLS.
+    pub tls: bool,
 }
 
 /// What a run found.
@@ -93,6 +95,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         size: 3,
         config: spec.schedule.config(),
         start_failpoints: spec.start_failpoints.clone(),
+        tls: spec.tls,
     })
     .await?;
     let recorder = Recorder::new();
@@ -103,6 +106,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         recorder.clone(),
         &cluster.addresses(),
         &consumer_addresses,
+        cluster.client_tls(),
     )?;
     let mut observations = Vec::new();
     let mut schedule_failures = Vec::new();
@@ -123,7 +127,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
     tokio::time::sleep(spec.load_between_faults).await;
     workload.stop_producing().await;
     cluster.heal().await?;
-    let stats = Client::connect_lazy(&cluster.addresses())?;
+    let stats = cluster.client_of(&cluster.addresses())?;
     let drained = workload
         .drain(DRAIN_DEADLINE, || holds_nothing(&stats))
         .await;

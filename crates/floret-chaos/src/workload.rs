@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use floret_client::{Client, ConsumerEvent, Message};
+use floret_client::{Client, ClientTls, ConsumerEvent, Message};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -75,16 +75,19 @@ pub struct Workload {
     consumers: Vec<ConsumerTask>,
     /// Index the next consumer task gets (a replacement gets a new one).
     next_consumer: u32,
+    /// How clients trust the nodes, when the cluster serves TLS.
+    tls: Option<ClientTls>,
 }
 
 impl Workload {
     /// Starts `spec.producers` producers over `all_addresses` and one
-    /// consumer per address in `consumer_addresses`.
+    /// consumer per address in `consumer_addresses`, over TLS with `tls`.
     pub fn start(
         spec: WorkloadSpec,
         recorder: Recorder,
         all_addresses: &str,
         consumer_addresses: &[String],
+        tls: Option<ClientTls>,
     ) -> anyhow::Result<Self> {
         let (stop_producing, _) = watch::channel(false);
         let (stop_consuming, _) = watch::channel(false);
@@ -98,9 +101,10 @@ impl Workload {
             producers: Vec::new(),
             consumers: Vec::new(),
             next_consumer: 0,
+            tls,
         };
         for producer in 0..workload.spec.producers {
-            let client = Client::connect_lazy(all_addresses)?;
+            let client = Client::connect_lazy_with(all_addresses, workload.tls.as_ref())?;
             workload.producers.push(tokio::spawn(produce(
                 producer,
                 client,
@@ -123,7 +127,7 @@ impl Workload {
         self.next_consumer += 1;
         Ok(tokio::spawn(consume(
             self.next_consumer,
-            Client::connect_lazy(address)?,
+            Client::connect_lazy_with(address, self.tls.as_ref())?,
             self.spec.capped_consume_rate,
             self.recorder.clone(),
             self.stop_consuming.subscribe(),

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use floret_client::{Client, ConsumerEvent};
+use floret_client::ConsumerEvent;
 
 use crate::DEFAULT_ADDRESS;
 
@@ -32,7 +32,7 @@ pub struct ConsumeArgs {
 }
 
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(&args.addr)?;
+    let client = crate::dial(&args.addr)?;
     let mut consumer = client.consume(&args.queue, args.credits).await?;
     let started = Instant::now();
     let mut received = 0u64;

@@ -2,7 +2,7 @@
 //! JSON line each; replay puts them back into their producers' queues,
 //! delete removes them (list, then delete, consumes them).
 
-use floret_client::{Client, DeadLetter};
+use floret_client::DeadLetter;
 
 use crate::QueueTarget;
 
@@ -46,7 +46,7 @@ struct Selection {
 pub async fn run(args: DeadLetterArgs) -> anyhow::Result<()> {
     match args.command {
         DeadLetterCommand::List { target, limit } => {
-            let client = Client::connect_lazy(&target.addr)?;
+            let client = crate::dial(&target.addr)?;
             for dead in client.dead_letters(&target.queue, limit).await? {
                 println!("{}", dead_letter_json(&dead));
             }
@@ -65,7 +65,7 @@ pub async fn run(args: DeadLetterArgs) -> anyhow::Result<()> {
 
 /// Replays or deletes the selected dead letters, page by page for `--all`.
 async fn change(selection: Selection, replay: bool) -> anyhow::Result<u64> {
-    let client = Client::connect_lazy(&selection.target.addr)?;
+    let client = crate::dial(&selection.target.addr)?;
     let queue = &selection.target.queue;
     let apply = |ids: Vec<String>| {
         let client = client.clone();

@@ -5,6 +5,9 @@
 //! `--base-port` + 100), each with its own data dir under `--data-dir`,
 //! all with the default configuration; prints where they are; stops them all on Ctrl-C.
 //! Run it again on the same data dir and the same cluster comes back.
+//! The nodes serve TLS and mutual TLS with certificates made by `floret
+//! certs` under `--data-dir`/certs on the first run (`--plaintext` turns
+//! that off).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - All nodes share one process, so killing it kills the whole cluster; to
@@ -17,11 +20,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use floret_server::Node;
-use floret_server::config::{Config, PeerConfig};
+use floret_server::config::{Config, PeerConfig, TlsSettings};
 use tokio::sync::watch;
 
 /// A node's peer port is this far above its client port.
 const PEER_PORT_OFFSET: u16 = 100;
+
+/// How long the development certificates stay valid.
+const CERTIFICATE_DAYS: u32 = 365;
 
 /// How long the cluster may take to elect every shard's leader.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -38,9 +44,13 @@ pub struct DevArgs {
     /// peer port is 100 above that.
     #[arg(long, default_value_t = 7701)]
     base_port: u16,
-    /// Folder holding one data dir per node (node-1, node-2, ...).
+    /// Folder holding one data dir per node (node-1, node-2, ...) and
+    /// the cluster's certificates (certs).
     #[arg(long, default_value = "floret-dev")]
     data_dir: PathBuf,
+    /// Serve plaintext instead of TLS (loopback only).
+    #[arg(long)]
+    plaintext: bool,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -54,6 +64,23 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             address: peer_address(id).to_string(),
         })
         .collect();
+    let certs = args.data_dir.join("certs");
+    if !args.plaintext && !certs.join("ca.pem").exists() {
+        let nodes: Vec<u64> = (1..=u64::from(args.nodes)).collect();
+        let names: Vec<String> = match args.host.is_loopback() {
+            true => Vec::new(),
+            false => vec![args.host.to_string()],
+        };
+        crate::certs::write(&certs, &nodes, &names, CERTIFICATE_DAYS)?;
+    }
+    let tls = |id: u16| match args.plaintext {
+        true => TlsSettings::default(),
+        false => TlsSettings {
+            cert: Some(certs.join(format!("node-{id}.pem"))),
+            key: Some(certs.join(format!("node-{id}.key"))),
+            ca: Some(certs.join("ca.pem")),
+        },
+    };
     let mut nodes = Vec::new();
     for id in 1..=args.nodes {
         let config = Config {
@@ -61,6 +88,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             listen: address(id),
             data_dir: args.data_dir.join(format!("node-{id}")),
             peers: peers.clone(),
+            tls: tls(id),
             ..Config::default()
         };
         let listeners = floret_server::bind_listeners(&config).await?;
@@ -82,6 +110,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(_, _, n)| n.address().to_string())
         .collect();
+    if !args.plaintext {
+        println!(
+            "the nodes serve TLS; let the commands trust them:\n      export FLORET_TLS_CA={}",
+            certs.join("ca.pem").display()
+        );
+    }
     println!(
         "try:  floret produce --addr {} hello\n      floret consume --addr {} --count 1\n      floret status --addr {}\nCtrl-C stops every node.",
         all[0],

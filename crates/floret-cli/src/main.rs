@@ -1,17 +1,25 @@
 //! The `floret` binary: run a node (`serve`) or a local cluster (`dev`), and
-//! talk to one (`produce`, `consume`, `status`), govern its producers
-//! (`policy`, `dead-letters`), or measure one (`bench`).
+//! talk to one (`produce`, `consume`, `status`, `health`), govern its producers
+//! (`policy`, `dead-letters`), measure one (`bench`), or make a cluster's
+//! certificates (`certs`). Every command that talks to a cluster dials it
+//! through [`dial`], over TLS when `--tls-ca` is given.
 
 mod bench;
+mod certs;
 mod consume;
 mod dead_letters;
 mod dev;
+mod health;
 mod policy;
 mod produce;
 mod serve;
 mod status;
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
 use clap::{Parser, Subcommand};
+use floret_client::{Client, ClientTls};
 
 /// sled and the gRPC stack allocate per message; mimalloc serves that from
 /// per-thread pages instead of glibc's locked arenas. It is built without
@@ -45,6 +53,24 @@ struct QueueTarget {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The cluster's CA (PEM, `floret certs` makes one): commands dial the
+    /// nodes over TLS and trust them by it; `serve` takes its peers by it.
+    #[arg(long, global = true, env = "FLORET_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+}
+
+/// The CA this process's commands trust the nodes by: set once from `--tls-ca`.
+static CLUSTER_CA: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// A client of the nodes at `address` (one or several, comma-separated),
+/// over TLS when `--tls-ca` was given.
+pub(crate) fn dial(address: &str) -> anyhow::Result<Client> {
+    let tls = CLUSTER_CA
+        .get()
+        .and_then(Option::as_ref)
+        .map(ClientTls::from_ca_file)
+        .transpose()?;
+    Ok(Client::connect_lazy_with(address, tls.as_ref())?)
 }
 
 #[derive(Subcommand)]
@@ -59,12 +85,16 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the cluster's shards and the queues' statistics.
     Status(status::StatusArgs),
+    /// Exit 0 if a node serves (gRPC health), 1 if not.
+    Health(health::HealthArgs),
     /// Measure a running floret: noisy-neighbor, throughput, scale.
     Bench(bench::BenchArgs),
     /// Set or show a queue's or a producer's policy (weight, limits, TTL...).
     Policy(policy::PolicyArgs),
     /// List, replay or delete a queue's dead letters.
     DeadLetters(dead_letters::DeadLetterArgs),
+    /// Make a CA and certificates for a cluster's nodes and clients.
+    Certs(certs::CertsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,19 +111,22 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     floret_server::failpoints::configure_from_env();
+    CLUSTER_CA.get_or_init(|| cli.tls_ca.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(args, cli.tls_ca).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Produce(args) => produce::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Health(args) => health::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Policy(args) => policy::run(args).await,
             Command::DeadLetters(args) => dead_letters::run(args).await,
+            Command::Certs(args) => certs::run(args),
         }
     })
 }

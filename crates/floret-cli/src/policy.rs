@@ -1,7 +1,7 @@
 //! `floret policy set|get`: a queue's default policy or one producer's
 //! override, set field by field (or replaced whole) and shown as JSON.
 
-use floret_client::{Client, Expiry, Overflow, Policy};
+use floret_client::{Expiry, Overflow, Policy};
 
 use crate::QueueTarget;
 
@@ -83,7 +83,7 @@ enum ExpiryArg {
 pub async fn run(args: PolicyArgs) -> anyhow::Result<()> {
     match args.command {
         PolicyCommand::Set(set) => {
-            let client = Client::connect_lazy(&set.target.queue.addr)?;
+            let client = crate::dial(&set.target.queue.addr)?;
             let policy = Policy {
                 weight: set.weight,
                 priority: set.priority,
@@ -114,7 +114,7 @@ pub async fn run(args: PolicyArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::json!({ "stored": policy_json(&stored) }));
         }
         PolicyCommand::Get(target) => {
-            let client = Client::connect_lazy(&target.queue.addr)?;
+            let client = crate::dial(&target.queue.addr)?;
             let answer = client
                 .get_policy(&target.queue.queue, &target.producer)
                 .await?;

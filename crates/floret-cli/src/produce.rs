@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use anyhow::Context;
-use floret_client::{Client, Message};
+use floret_client::Message;
 
 use crate::DEFAULT_ADDRESS;
 use crate::bench::load::{self, LoadSpec};
@@ -55,7 +55,7 @@ pub struct ProduceArgs {
 }
 
 pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(&args.addr)?;
+    let client = crate::dial(&args.addr)?;
     if let Some(count) = args.count {
         let spec = LoadSpec {
             queue: args.queue,

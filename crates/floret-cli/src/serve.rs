@@ -53,9 +53,21 @@ pub struct ServeArgs {
     /// Lease timeout of a delivery before it is redelivered, in ms.
     #[arg(long)]
     lease_timeout_ms: Option<u64>,
+    /// This node's certificate (PEM): the client port serves TLS with it,
+    /// and the peer port mutual TLS (with --tls-ca, the cluster's CA).
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Serve plaintext on an address other than loopback (only on a network
+    /// that the cluster and its clients alone can reach).
+    #[arg(long)]
+    insecure: bool,
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs a node; `tls_ca` is the cluster's CA given to the whole command.
+pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()> {
     let mut config = Config::load(args.config.as_deref(), |name| std::env::var(name).ok())?;
     if let Some(node_id) = args.node_id {
         config.node_id = node_id;
@@ -90,6 +102,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(lease_timeout_ms) = args.lease_timeout_ms {
         config.delivery.lease_timeout_ms = lease_timeout_ms;
+    }
+    if let Some(cert) = args.tls_cert {
+        config.tls.cert = Some(cert);
+    }
+    if let Some(key) = args.tls_key {
+        config.tls.key = Some(key);
+    }
+    if let Some(ca) = tls_ca {
+        config.tls.ca = Some(ca);
+    }
+    if args.insecure {
+        config.insecure = true;
     }
     config.validate()?;
     if let Some(metrics_listen) = config.metrics_listen {

@@ -2,8 +2,6 @@
 //! shard with its leader, preferred leader and each replica's lag, then
 //! per-queue and per-producer statistics; a table, or `--json`.
 
-use floret_client::Client;
-
 use crate::DEFAULT_ADDRESS;
 
 #[derive(clap::Args)]
@@ -23,7 +21,7 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(&args.addr)?;
+    let client = crate::dial(&args.addr)?;
     let cluster = client.cluster_status().await?;
     let stats = client.queue_stats(&args.queue).await?;
     if args.json {

@@ -9,6 +9,21 @@ use crate::{
 };
 
 impl Client {
+    /// Whether the node serves: gRPC health's answer for the whole node
+    /// (SERVING once every shard it holds has a leader, NOT_SERVING while it
+    /// starts or after a fatal storage fault).
+    pub async fn serving(&self) -> Result<bool, ClientError> {
+        let answer = self
+            .health
+            .clone()
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await?
+            .into_inner();
+        Ok(answer.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+    }
+
     /// Nodes, shards and leaders.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
         Ok(self

@@ -19,7 +19,11 @@
 //! straight to its shard's leader once an answer has named it
 //! (the `routes` module), saving the cluster the forwarding hop.
 //!
+//! A cluster that serves TLS is dialled with [`Client::connect_lazy_tls`]
+//! and the cluster's CA ([`ClientTls`]).
+//!
 //! IMPLEMENTATION CAVEATS
+//! - No client certificates yet: the client proves nothing about itself.
 //! - A consume stream is bound to one node; when that node dies the stream
 //!   ends and the caller opens a new one.
 
@@ -33,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_proto::v1;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::coalesce::Coalescer;
 use crate::routes::{Routes, host_port};
@@ -69,6 +73,49 @@ pub enum ClientError {
     /// The consume stream is closed.
     #[error("the consume stream is closed")]
     StreamClosed,
+    /// The TLS settings cannot be used.
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+/// How to trust a cluster whose client port serves TLS: its CA.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    ca: Certificate,
+    domain_name: Option<String>,
+}
+
+impl ClientTls {
+    /// Trusts the node certificates that the CA in `ca_pem` (PEM) signed.
+    pub fn new(ca_pem: impl AsRef<[u8]>) -> Self {
+        Self {
+            ca: Certificate::from_pem(ca_pem),
+            domain_name: None,
+        }
+    }
+
+    /// Reads the CA from a PEM file.
+    pub fn from_ca_file(path: impl AsRef<std::path::Path>) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        std::fs::read(path)
+            .map(Self::new)
+            .map_err(|error| ClientError::Tls(format!("cannot read {}: {error}", path.display())))
+    }
+
+    /// Expects `name` in every node's certificate, instead of the host
+    /// each is dialled by.
+    pub fn with_domain_name(mut self, name: impl Into<String>) -> Self {
+        self.domain_name = Some(name.into());
+        self
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        let config = ClientTlsConfig::new().ca_certificate(self.ca.clone());
+        match &self.domain_name {
+            Some(name) => config.domain_name(name.clone()),
+            None => config,
+        }
+    }
 }
 
 /// A connection to one floret node.
@@ -78,6 +125,7 @@ pub struct Client {
     /// Produce calls through any node, folded together.
     produces: Arc<Coalescer>,
     admin: v1::admin_client::AdminClient<Channel>,
+    health: tonic_health::pb::health_client::HealthClient<Channel>,
     retry: RetryPolicy,
     /// Leaders of producers, when the client was given several nodes.
     routes: Option<Arc<Routes>>,
@@ -88,6 +136,16 @@ impl Client {
     /// `http://host:port`), or for several nodes separated by commas. Must
     /// be called inside a tokio runtime when several are given.
     pub fn connect_lazy(address: &str) -> Result<Self, ClientError> {
+        Self::connect_lazy_with(address, None)
+    }
+
+    /// Like [`Client::connect_lazy`], to a cluster serving TLS.
+    pub fn connect_lazy_tls(address: &str, tls: &ClientTls) -> Result<Self, ClientError> {
+        Self::connect_lazy_with(address, Some(tls))
+    }
+
+    /// [`Client::connect_lazy`] over TLS when `tls` is given.
+    pub fn connect_lazy_with(address: &str, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
         let nodes: Vec<&str> = address
             .split(',')
             .map(str::trim)
@@ -95,7 +153,7 @@ impl Client {
             .collect();
         let endpoints = nodes
             .iter()
-            .map(|node| endpoint(node))
+            .map(|node| endpoint(node, tls))
             .collect::<Result<Vec<_>, _>>()?;
         let (channel, routes) = match endpoints.as_slice() {
             [] => {
@@ -125,7 +183,8 @@ impl Client {
         Ok(Self {
             produces: Arc::new(Coalescer::new(floret.clone(), ProduceCoalescing::default())),
             floret,
-            admin: v1::admin_client::AdminClient::new(channel),
+            admin: v1::admin_client::AdminClient::new(channel.clone()),
+            health: tonic_health::pb::health_client::HealthClient::new(channel),
             retry: RetryPolicy::default(),
             routes,
         })
@@ -272,18 +331,26 @@ fn floret_client(channel: Channel) -> v1::floret_client::FloretClient<Channel> {
     v1::floret_client::FloretClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES)
 }
 
-/// The endpoint of one node, connecting with a timeout and Nagle off.
-fn endpoint(address: &str) -> Result<Endpoint, ClientError> {
-    let uri = if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
+/// The endpoint of one node, connecting with a timeout and Nagle off,
+/// over TLS when `tls` is given.
+fn endpoint(address: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientError> {
+    let uri = match (address.split_once("://"), tls) {
+        (Some((_, host_port)), Some(_)) => format!("https://{host_port}"),
+        (Some(_), None) => address.to_owned(),
+        (None, Some(_)) => format!("https://{address}"),
+        (None, None) => format!("http://{address}"),
     };
     let endpoint = Endpoint::from_shared(uri).map_err(|e| ClientError::InvalidAddress {
         address: address.to_owned(),
         reason: e.to_string(),
     })?;
-    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
+    let endpoint = endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
+    match tls {
+        Some(tls) => endpoint
+            .tls_config(tls.config())
+            .map_err(|e| ClientError::Tls(e.to_string())),
+        None => Ok(endpoint),
+    }
 }
 
 /// One producer of one queue, numbering its batches so retries are safe.

@@ -17,6 +17,7 @@
 
 mod append_stream;
 mod gossip;
+mod member_tls;
 mod network;
 mod peers;
 mod placement;
@@ -27,6 +28,7 @@ pub use gossip::{
     DEAD_AFTER_ROUNDS, Gossip, GossipConfig, GossipError, Liveness, NodeReport, NodeView,
     QueueLoad, SUSPECT_AFTER_ROUNDS, Traffic, View,
 };
+pub use member_tls::{MemberTls, member_name, member_named_by};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

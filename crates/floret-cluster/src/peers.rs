@@ -2,11 +2,12 @@
 //! other node, shared by the raft traffic of every shard and by the
 //! node-to-node calls of the server (forwarded produces, settles, consumes),
 //! and on it one [`AppendStream`] to each other node for every shard's
-//! append-entries calls.
+//! append-entries calls. With [`MemberTls`] every channel is mutual TLS:
+//! this node presents its member certificate and expects the one of the
+//! node it dials.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Members come from static configuration; no runtime membership changes.
-//! - No TLS between nodes yet: run the cluster on a private network.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use floret_store::NodeId;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::append_stream::AppendStream;
+use crate::member_tls::MemberTls;
 
 /// Largest node-to-node message: a snapshot chunk or a batch of appended
 /// entries, whose size openraft bounds (see `RaftTuning`).
@@ -42,6 +44,14 @@ pub enum PeersError {
         /// Why it is invalid.
         reason: String,
     },
+    /// The TLS settings do not fit a member's address.
+    #[error("cannot dial node {node} over TLS: {reason}")]
+    Tls {
+        /// The member.
+        node: NodeId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The members of the cluster and a channel to every other one.
@@ -55,8 +65,12 @@ pub struct Peers {
 
 impl Peers {
     /// `members` maps every node id, this node's included, to the `host:port`
-    /// the others dial.
-    pub fn new(node_id: NodeId, members: BTreeMap<NodeId, String>) -> Result<Self, PeersError> {
+    /// the others dial; with `tls` every channel is mutual TLS.
+    pub fn new(
+        node_id: NodeId,
+        members: BTreeMap<NodeId, String>,
+        tls: Option<&MemberTls>,
+    ) -> Result<Self, PeersError> {
         if !members.contains_key(&node_id) {
             return Err(PeersError::NotAMember(node_id));
         }
@@ -65,16 +79,26 @@ impl Peers {
             if node == node_id {
                 continue;
             }
-            let uri = if address.contains("://") {
-                address.clone()
-            } else {
-                format!("http://{address}")
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let uri = match address.split_once("://") {
+                Some((_, host_port)) => format!("{scheme}://{host_port}"),
+                None => format!("{scheme}://{address}"),
             };
-            let endpoint = Endpoint::from_shared(uri).map_err(|e| PeersError::InvalidAddress {
-                node,
-                address: address.clone(),
-                reason: e.to_string(),
-            })?;
+            let mut endpoint =
+                Endpoint::from_shared(uri).map_err(|e| PeersError::InvalidAddress {
+                    node,
+                    address: address.clone(),
+                    reason: e.to_string(),
+                })?;
+            if let Some(tls) = tls {
+                endpoint =
+                    endpoint
+                        .tls_config(tls.dialling(node))
+                        .map_err(|e| PeersError::Tls {
+                            node,
+                            reason: e.to_string(),
+                        })?;
+            }
             let channel = endpoint
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)

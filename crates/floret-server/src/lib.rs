@@ -45,8 +45,10 @@ pub mod request;
 pub mod router;
 pub mod service;
 pub mod settle;
+pub mod tls;
 
 pub use config::Config;
+pub use floret_cluster::member_name;
 pub use floret_store::failpoints;
 pub use node::{Node, NodeError, bind_listeners};
 pub use produce::proposer::ProposeError;

@@ -46,8 +46,9 @@ use crate::service::admin::AdminService;
 use crate::service::fan_in;
 use crate::service::floret::FloretService;
 use crate::service::peer::{PeerService, ThisNode};
-use crate::service::server::{Listeners, ReflectionError, Server, Services};
+use crate::service::server::{Listeners, Server, ServerSetupError, Services};
 use crate::settle::Settler;
+use crate::tls::{NodeTls, TlsFileError};
 
 /// How long shutdown waits for open calls (consume streams never end by
 /// themselves) before closing them; their leases come back on restart.
@@ -71,9 +72,12 @@ pub enum NodeError {
     /// Gossip could not start.
     #[error(transparent)]
     Gossip(#[from] floret_cluster::GossipError),
-    /// Server reflection could not be set up.
+    /// The servers could not be set up.
     #[error(transparent)]
-    Reflection(#[from] ReflectionError),
+    Server(#[from] ServerSetupError),
+    /// A TLS file could not be read.
+    #[error(transparent)]
+    TlsFile(#[from] TlsFileError),
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
@@ -170,7 +174,13 @@ impl Node {
                 log_segment_bytes: config.storage.log_segment_bytes,
             },
         )?;
-        let peers = Arc::new(Peers::new(config.node_id, config.members(address))?);
+        let tls = NodeTls::load(&config.tls)?;
+        let member_tls = tls.as_ref().and_then(NodeTls::member);
+        let peers = Arc::new(Peers::new(
+            config.node_id,
+            config.members(address),
+            member_tls.as_ref(),
+        )?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
         let applied: AppliedListener = Arc::new(move |event| applied_to_dispatcher.applied(event));
@@ -224,7 +234,13 @@ impl Node {
             dispatcher,
             view,
         };
-        let server = Server::start(parts.services(stopped.clone()), listeners, stopped).await?;
+        let server = Server::start(
+            parts.services(stopped.clone()),
+            listeners,
+            tls.as_ref(),
+            stopped,
+        )
+        .await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
         watchers.push(faults::spawn(
             database.log_health(),
@@ -415,6 +431,7 @@ impl NodeParts<'_> {
                 stopped,
             ),
             max_request_bytes: config.limits.max_request_bytes,
+            members: shards.peers().node_ids(),
         }
     }
 }

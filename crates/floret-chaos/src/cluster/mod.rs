@@ -6,7 +6,9 @@
 //! The faults themselves are `faults.rs`.
 //!
 //! Node `i` dials node `j`'s peer port through its own proxy `i→j`;
-//! clients dial the nodes' client ports directly. Every process is killed when the cluster drops.
+//! clients dial the nodes' client ports directly. With `tls` the nodes
+//! serve TLS and mutual TLS with certificates from `floret certs` (the
+//! proxies pass the encrypted bytes through). Every process is killed when the cluster drops.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Ports are picked by binding port 0 and releasing it; another process
@@ -24,7 +26,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::process::{
-    LOG_FILTER, START_DEADLINE, ServeArgs, peers_flag, poll, ready_address, shard_leader,
+    ClusterCerts, LOG_FILTER, START_DEADLINE, ServeArgs, peers_flag, poll, ready_address,
+    shard_leader,
 };
 use crate::proxy::Link;
 
@@ -48,6 +51,8 @@ pub struct ClusterSpec {
     pub config: String,
     /// `FAILPOINTS` for the first start of every node (restarts get their own).
     pub start_failpoints: String,
+    /// Serve TLS on the client ports and mutual TLS between the nodes.
+    pub tls: bool,
 }
 
 /// One node's process, when it runs.
@@ -65,6 +70,7 @@ pub struct Cluster {
     spec: ClusterSpec,
     nodes: BTreeMap<NodeId, Node>,
     links: BTreeMap<(NodeId, NodeId), Link>,
+    certs: Option<ClusterCerts>,
 }
 
 impl Cluster {
@@ -94,7 +100,19 @@ impl Cluster {
                 }
             }
         }
-        let mut cluster = Self { spec, nodes, links };
+        let certs = match spec.tls {
+            true => Some(
+                ClusterCerts::make(&spec.binary, &spec.root.join("certs"), spec.size as usize)
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            false => None,
+        };
+        let mut cluster = Self {
+            spec,
+            nodes,
+            links,
+            certs,
+        };
         let failpoints = cluster.spec.start_failpoints.clone();
         for id in 1..=cluster.spec.size {
             cluster.spawn(id, &failpoints)?;
@@ -121,7 +139,22 @@ impl Cluster {
 
     /// A client of node `id` alone.
     pub fn client(&self, id: NodeId) -> Client {
-        Client::connect_lazy(&self.nodes[&id].address.to_string()).expect("a socket address")
+        self.client_of(&self.nodes[&id].address.to_string())
+            .expect("a socket address")
+    }
+
+    /// A client of the nodes at `addresses` (comma-separated), over TLS
+    /// when the cluster serves it.
+    pub fn client_of(&self, addresses: &str) -> anyhow::Result<Client> {
+        Ok(Client::connect_lazy_with(
+            addresses,
+            self.client_tls().as_ref(),
+        )?)
+    }
+
+    /// How clients trust the nodes, when the cluster serves TLS.
+    pub fn client_tls(&self) -> Option<floret_client::ClientTls> {
+        self.certs.as_ref().map(ClusterCerts::client_tls)
     }
 
     /// Node `id`'s data dir.
@@ -158,7 +191,11 @@ impl Cluster {
             listen: Some(self.nodes[&id].address.to_string()),
             peers: Some(peers),
             config: Some(self.spec.root.join("floret.toml")),
-            extra: Vec::new(),
+            extra: self
+                .certs
+                .as_ref()
+                .map(|certs| certs.serve_flags(id))
+                .unwrap_or_default(),
         };
         let log = std::fs::OpenOptions::new()
             .create(true)

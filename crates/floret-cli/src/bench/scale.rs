@@ -83,7 +83,7 @@ struct ScaleStep {
 }
 
 pub async fn run(args: ScaleArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(&args.common.addr)?;
+    let client = crate::dial(&args.common.addr)?;
     let run_start = Instant::now();
     let mut timeline = Timeline::default();
     let mut steps = Vec::new();

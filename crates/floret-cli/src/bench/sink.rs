@@ -109,7 +109,7 @@ impl Sink {
         let mut consumers = Vec::with_capacity(spec.consumers);
         for index in 0..spec.consumers {
             let address = &spec.addresses[index % spec.addresses.len()];
-            let client = Client::connect_lazy(address)?;
+            let client = crate::dial(address)?;
             let run = ConsumerRun {
                 client,
                 queue: spec.queue.clone(),

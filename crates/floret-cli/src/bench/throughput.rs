@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floret_client::Client;
 use tokio::sync::watch;
 
 use super::load::{self, AcknowledgedCall, LoadSpec};
@@ -71,7 +70,7 @@ struct ThroughputReport {
 }
 
 pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
-    let client = Client::connect_lazy(&args.common.addr)?;
+    let client = crate::dial(&args.common.addr)?;
     let run_start = Instant::now();
     let duration = Duration::from_secs(args.duration_s.max(1));
     let counters = Arc::new(Counters::default());

@@ -52,6 +52,12 @@ pub struct Config {
     pub replication_factor: usize,
     /// Prometheus metrics listen address; none when absent.
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS on the client port and mutual TLS on the peer port.
+    pub tls: TlsSettings,
+    /// Serve plaintext on an address other than loopback: anyone who
+    /// reaches it could read messages and, on the peer port, rewrite raft
+    /// state. Refused without this, so only a deliberate choice does it.
+    pub insecure: bool,
     /// Storage tunables.
     pub storage: StorageConfig,
     /// Request limits.
@@ -91,6 +97,8 @@ impl Default for Config {
             peers: Vec::new(),
             replication_factor: 3,
             metrics_listen: None,
+            tls: TlsSettings::default(),
+            insecure: false,
             storage: StorageConfig::default(),
             limits: Limits::default(),
             delivery: DeliveryConfig::default(),
@@ -213,6 +221,18 @@ impl Config {
         }
         if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
             self.metrics_listen = Some(metrics_listen);
+        }
+        if let Some(cert) = parse::<PathBuf>(&env, "FLORET_TLS_CERT")? {
+            self.tls.cert = Some(cert);
+        }
+        if let Some(key) = parse::<PathBuf>(&env, "FLORET_TLS_KEY")? {
+            self.tls.key = Some(key);
+        }
+        if let Some(ca) = parse::<PathBuf>(&env, "FLORET_TLS_CA")? {
+            self.tls.ca = Some(ca);
+        }
+        if let Some(insecure) = parse(&env, "FLORET_INSECURE")? {
+            self.insecure = insecure;
         }
         if let Some(lease_timeout_ms) = parse(&env, "FLORET_LEASE_TIMEOUT_MS")? {
             self.delivery.lease_timeout_ms = lease_timeout_ms;
@@ -421,6 +441,50 @@ mod tests {
             config.advertised_address("0.0.0.0:7701".parse().unwrap()),
             "floret-2.example:443"
         );
+    }
+
+    #[test]
+    fn plaintext_off_loopback_needs_insecure_and_tls_needs_its_pieces() {
+        let everywhere = Config {
+            listen: "0.0.0.0:7701".parse().unwrap(),
+            ..Config::default()
+        };
+        let error = everywhere.validate().unwrap_err();
+        assert!(error.to_string().contains("--insecure"), "{error}");
+        Config {
+            insecure: true,
+            ..everywhere.clone()
+        }
+        .validate()
+        .unwrap();
+        let with_tls = Config {
+            tls: TlsSettings {
+                cert: Some("node.pem".into()),
+                key: Some("node.key".into()),
+                ca: None,
+            },
+            ..everywhere.clone()
+        };
+        with_tls.validate().unwrap();
+        let without_key = Config {
+            tls: TlsSettings {
+                key: None,
+                ..with_tls.tls.clone()
+            },
+            ..everywhere.clone()
+        };
+        assert!(without_key.validate().is_err());
+        let cluster_without_ca = Config {
+            peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+            ..with_tls
+        };
+        let error = cluster_without_ca.validate().unwrap_err();
+        assert!(error.to_string().contains("tls.ca"), "{error}");
+        let exposed_peer_port = Config {
+            peer_listen: Some("10.0.0.1:7801".parse().unwrap()),
+            ..Config::default()
+        };
+        assert!(exposed_peer_port.validate().is_err());
     }
 
     #[test]

@@ -2,9 +2,33 @@
 //! comment on every choice. Checked by `validate.rs`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use floret_cluster::RaftTuning;
 use serde::Deserialize;
+
+/// TLS on both ports. With a certificate the client port serves TLS, and
+/// the peer port mutual TLS: every member presents a certificate of the
+/// cluster's CA naming it (`node-<id>.floret`; `floret certs` makes them).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// This node's certificate chain (PEM), presented on both ports and to
+    /// the peers it dials.
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key: Option<PathBuf>,
+    /// The cluster's CA (PEM): the peer port takes only members' certificates
+    /// signed by it, and this node trusts its peers by it.
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// Whether TLS is configured.
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some()
+    }
+}
 
 /// How the node gossips its load (clusters of more than one node only).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

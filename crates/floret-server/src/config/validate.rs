@@ -10,6 +10,7 @@ impl Config {
     /// Checks every value, naming the first that is wrong.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_cluster()
+            .and_then(|()| self.check_transport_security())
             .and_then(|()| self.check_requests_and_storage())
             .and_then(|()| self.check_raft_and_batching())
             .and_then(|()| self.check_backpressure())
@@ -53,6 +54,43 @@ impl Config {
         }
         if self.replication_factor == 0 {
             return Err("replication_factor must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// TLS settings that belong together, and no plaintext port off
+    /// loopback unless `insecure` says so.
+    fn check_transport_security(&self) -> Result<(), String> {
+        let tls = &self.tls;
+        if tls.cert.is_some() != tls.key.is_some() {
+            return Err("tls.cert and tls.key go together: give both or neither".into());
+        }
+        if tls.ca.is_some() && tls.cert.is_none() {
+            return Err(
+                "tls.ca needs tls.cert and tls.key: this node's own member certificate".into(),
+            );
+        }
+        if tls.enabled() && !self.peers.is_empty() && tls.ca.is_none() {
+            return Err("a cluster with TLS needs tls.ca, the CA of its members' certificates: the peer port takes only members' certificates".into());
+        }
+        if tls.enabled() || self.insecure {
+            return Ok(());
+        }
+        let exposed = std::iter::once(("listen", self.listen.ip()))
+            .chain(
+                self.peer_listen
+                    .map(|address| ("peer_listen", address.ip())),
+            )
+            .chain(
+                self.gossip
+                    .listen
+                    .map(|address| ("gossip.listen", address.ip())),
+            )
+            .find(|(_, ip)| !ip.is_loopback());
+        if let Some((setting, ip)) = exposed {
+            return Err(format!(
+                "refusing to serve plaintext on {ip} ({setting}) without TLS: anyone who reaches it could read messages and rewrite raft state. Give tls.cert, tls.key and tls.ca (`floret certs` makes them), or --insecure on a network only the cluster and its clients can reach"
+            ));
         }
         Ok(())
     }

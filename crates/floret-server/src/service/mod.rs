@@ -7,6 +7,7 @@ pub(crate) mod fan_in;
 pub mod floret;
 mod own_dispatcher;
 pub mod peer;
+pub mod peer_identity;
 pub mod server;
 pub mod status;
 

@@ -10,9 +10,13 @@
 //! transfer), and this node's own dispatcher (`own_dispatcher.rs`) and
 //! figures (`admin/own.rs`) for the node that merges every node's.
 //!
+//! Under mutual TLS the caller is a member identified by its certificate
+//! (`peer_identity.rs`), and a raft message (vote, append, snapshot) or a
+//! hand-back request naming another node as its sender is refused.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - Callers are trusted: the peer port has no authentication between nodes
-//!   yet, so it must be reachable only by the cluster's nodes.
+//! - A member is trusted with everything else: a compromised member's
+//!   certificate can still propose, settle and forward produces.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -30,6 +34,7 @@ use tonic::{Request, Response, Status};
 
 use super::admin::AdminService;
 use super::floret::{ConsumeStream, produce_response};
+use super::peer_identity::{self, check_sender};
 use super::{convert, fan_in, now_unix_ms, own_dispatcher};
 use crate::deliver::SettleKind;
 use crate::error::RequestError;
@@ -108,9 +113,16 @@ fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Statu
 
 /// Hands one append-entries call to its shard's group; a call that reaches
 /// no group is refused with the reason a unary call would have failed with.
-async fn append(shards: &Shards, shard: ShardId, payload: &[u8]) -> Outcome {
+/// `caller` is the member the stream's certificate names, if identified.
+async fn append(
+    shards: &Shards,
+    caller: Option<NodeId>,
+    shard: ShardId,
+    payload: &[u8],
+) -> Outcome {
     let handed = raft_of(shards, shard).and_then(|raft| {
         let request: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(undecodable)?;
+        check_sender(caller, request.vote.leader_id.node_id)?;
         raft_inputs::check_append(&request).map_err(InvalidRequest::from)?;
         Ok((raft.clone(), request))
     });
@@ -139,11 +151,13 @@ fn undecodable(error: postcard::Error) -> Status {
 }
 
 impl PeerService {
-    /// Decodes an openraft request for the message's shard, hands it to that
+    /// Decodes an openraft request for the message's shard, checks that its
+    /// `sender` is the caller and that it passes `check`, hands it to that
     /// shard's group with `call`, and encodes openraft's result.
     async fn relay<Req, Res, F, Fut>(
         &self,
         request: Request<v1::RaftMessage>,
+        sender: impl FnOnce(&Req) -> NodeId,
         check: impl FnOnce(ShardId, &Req) -> Result<(), raft_inputs::RaftInputError>,
         call: F,
     ) -> Result<Response<v1::RaftMessage>, Status>
@@ -153,9 +167,11 @@ impl PeerService {
         F: FnOnce(floret_store::Raft, Req) -> Fut,
         Fut: std::future::Future<Output = Res>,
     {
+        let caller = peer_identity::caller(&request);
         let message = request.into_inner();
         let raft = self.raft(message.shard_id)?.clone();
         let decoded: Req = decode(&message.payload).map_err(undecodable)?;
+        check_sender(caller, sender(&decoded))?;
         check(message.shard_id, &decoded).map_err(InvalidRequest::from)?;
         let result = call(raft, decoded).await;
         Ok(Response::new(v1::RaftMessage {
@@ -175,6 +191,7 @@ impl Peer for PeerService {
         let check = |_, vote: &VoteRequest<NodeId>| raft_inputs::check_vote_request(vote);
         self.relay(
             request,
+            |vote: &VoteRequest<NodeId>| vote.vote.leader_id.node_id,
             check,
             |raft, vote: VoteRequest<NodeId>| async move {
                 let result: Result<_, RaftError<NodeId>> = if refuse {
@@ -199,6 +216,7 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<v1::RaftCalls>>,
     ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let caller = peer_identity::caller(&request);
         let mut calls = request.into_inner();
         let (answers, ready) = mpsc::unbounded_channel();
         let shards = self.shards.clone();
@@ -217,7 +235,7 @@ impl Peer for PeerService {
                     let answers = answers.clone();
                     let shards = shards.clone();
                     tokio::spawn(async move {
-                        let outcome = append(&shards, call.shard_id, &call.payload).await;
+                        let outcome = append(&shards, caller, call.shard_id, &call.payload).await;
                         let _caller_gone = answers.send(v1::RaftAnswer {
                             call_id: call.call_id,
                             outcome: Some(outcome),
@@ -246,6 +264,7 @@ impl Peer for PeerService {
         };
         self.relay(
             request,
+            |chunk: &InstallSnapshotRequest<TypeConfig>| chunk.vote.leader_id.node_id,
             admit,
             |raft, chunk: InstallSnapshotRequest<TypeConfig>| async move {
                 let result: Result<_, RaftError<NodeId, InstallSnapshotError>> =
@@ -330,7 +349,9 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::HandBackRequest>,
     ) -> Result<Response<v1::HandBackResponse>, Status> {
+        let caller = peer_identity::caller(&request);
         let v1::HandBackRequest { shard_id, node_id } = request.into_inner();
+        check_sender(caller, node_id)?;
         self.raft(shard_id)?;
         let answer = match self.hand_back.grant(shard_id, node_id) {
             Ok(wait) => v1::HandBackResponse {

@@ -1,13 +1,14 @@
 //! The node's gRPC servers, one per port: the client port serves the public
 //! API (health, reflection of `floret.v1` alone, Floret, Admin), where
 //! every `floret.peer.v1` method answers UNIMPLEMENTED; the peer port
-//! serves the Peer service alone, to the other nodes. Health answers
-//! NOT_SERVING until the node reports it ready; both drain open calls for
-//! a bounded time when the node stops.
+//! serves the Peer service alone, to the other nodes. With TLS the client
+//! port serves TLS and the peer port mutual TLS, where every call is
+//! identified as a member (`peer_identity.rs`). Health answers NOT_SERVING
+//! until the node reports it ready; both drain open calls for a bounded
+//! time when the node stops.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Neither port has TLS yet, and the peer port does not authenticate its
-//!   callers: it must be reachable only by the cluster's nodes.
+//! - Connections per port are not capped yet, only streams per connection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,8 @@ use floret_proto::v1::floret_server::FloretServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -26,6 +29,8 @@ use tonic_health::server::HealthReporter;
 use super::admin::AdminService;
 use super::floret::FloretService;
 use super::peer::PeerService;
+use super::peer_identity::identify_members;
+use crate::tls::NodeTls;
 
 /// HTTP/2 pings on idle connections, so dead peers are noticed.
 const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
@@ -44,12 +49,25 @@ pub struct Services {
     pub peer: PeerService,
     /// Largest request a client may send.
     pub max_request_bytes: usize,
+    /// Every member's id, for identifying callers on the peer port.
+    pub members: Vec<floret_store::NodeId>,
 }
 
-/// Server reflection could not be set up.
+/// A server that cannot be set up.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up gRPC reflection: {0}")]
-pub struct ReflectionError(String);
+pub enum ServerSetupError {
+    /// Server reflection could not be set up.
+    #[error("cannot set up gRPC reflection: {0}")]
+    Reflection(String),
+    /// The TLS material does not make a usable TLS configuration.
+    #[error("cannot serve TLS on the {port} port: {reason}")]
+    Tls {
+        /// Which port: client or peer.
+        port: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
 
 /// The node's two listeners, bound before it starts (so port 0 works).
 pub struct Listeners {
@@ -67,13 +85,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `services` on `listeners` until `stopped` turns true; health
-    /// answers NOT_SERVING until [`Server::report_serving`].
+    /// Serves `services` on `listeners` (over `tls` if given) until
+    /// `stopped` turns true; health answers NOT_SERVING until
+    /// [`Server::report_serving`].
     pub async fn start(
         services: Services,
         listeners: Listeners,
+        tls: Option<&NodeTls>,
         stopped: watch::Receiver<bool>,
-    ) -> Result<Self, ReflectionError> {
+    ) -> Result<Self, ServerSetupError> {
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status("", ServingStatus::NotServing)
@@ -82,24 +102,32 @@ impl Server {
             .register_encoded_file_descriptor_set(floret_proto::PUBLIC_FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
-            .map_err(|e| ReflectionError(e.to_string()))?;
+            .map_err(|e| ServerSetupError::Reflection(e.to_string()))?;
         let floret = FloretServer::new(services.floret)
             .max_decoding_message_size(services.max_request_bytes);
         let admin = AdminServer::from_arc(services.admin);
-        let client_port = builder()
+        let client_tls = tls.map(NodeTls::client_port);
+        let client_port = builder("client", client_tls)?
             .add_service(health_service)
             .add_service(reflection)
             .add_service(floret)
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming(listeners.client), node_stops(stopped.clone()));
-        let peer_port = listeners.peer.map(|listener| {
-            let peer = PeerServer::new(services.peer)
-                .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
-            builder()
-                .add_service(peer)
-                .serve_with_incoming_shutdown(incoming(listener), node_stops(stopped))
-        });
+        let peer_tls = tls.and_then(NodeTls::peer_port);
+        let identify = identify_members(services.members, peer_tls.is_some());
+        let peer_port = match listeners.peer {
+            Some(listener) => {
+                let peer = PeerServer::new(services.peer)
+                    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+                Some(
+                    builder("peer", peer_tls)?
+                        .add_service(InterceptedService::new(peer, identify))
+                        .serve_with_incoming_shutdown(incoming(listener), node_stops(stopped)),
+                )
+            }
+            None => None,
+        };
         let task = tokio::spawn(async move {
             match peer_port {
                 Some(peer_port) => tokio::try_join!(client_port, peer_port).map(|_| ()),
@@ -180,11 +208,35 @@ pub async fn not_serving(health: &HealthReporter) {
     health.set_not_serving::<AdminServer<AdminService>>().await;
 }
 
-/// Both ports' settings.
-fn builder() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
+/// Both ports' settings, and the `port`'s TLS if it has any.
+fn builder(
+    port: &'static str,
+    tls: Option<ServerTlsConfig>,
+) -> Result<tonic::transport::Server, ServerSetupError> {
+    let builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE))
-        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS));
+    match tls {
+        Some(tls) => builder
+            .tls_config(tls)
+            .map_err(|error| ServerSetupError::Tls {
+                port,
+                reason: tls_reason(&error),
+            }),
+        None => Ok(builder),
+    }
+}
+
+/// A TLS error with its causes: tonic's own message says only "transport error".
+fn tls_reason(error: &tonic::transport::Error) -> String {
+    let mut reason = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        reason.push_str(": ");
+        reason.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    reason
 }
 
 /// Resolves once the node starts to stop (or is gone).

@@ -82,7 +82,7 @@ type QuietRecord = (String, Acks, Vec<Duration>);
 
 pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let addresses = args.common.addresses()?;
-    let client = Client::connect_lazy(&args.common.addr)?;
+    let client = crate::dial(&args.common.addr)?;
     let run_start = Instant::now();
     let counters = Arc::new(Counters::default());
     let (target, target_seen) = watch::channel(None);

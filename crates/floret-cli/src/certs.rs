@@ -1,0 +1,246 @@
+//! `floret certs`: a CA and the certificates a cluster needs, for
+//! development, tests, compose and Kubernetes. Every node gets a member
+//! certificate naming `node-<id>.floret` (what its peers expect), plus
+//! `localhost`, `127.0.0.1`, `::1` and the `--name`s (what clients dial),
+//! usable as both server and client; a client certificate is made too.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - It makes a new CA every time and never overwrites files: certificates
+//!   for a node added later need the CA's key and another tool, or a new
+//!   set for the whole cluster.
+//! - No revocation lists.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use time::{Duration, OffsetDateTime};
+
+#[derive(clap::Args)]
+pub struct CertsArgs {
+    /// Folder to write the certificates into (created if missing; existing
+    /// files are never overwritten).
+    #[arg(long, default_value = "floret-certs")]
+    out: PathBuf,
+    /// The nodes to make member certificates for: a count (`3` for nodes 1
+    /// to 3) or a list of ids (`1,2,5`).
+    #[arg(long, default_value = "3")]
+    nodes: String,
+    /// Another name (DNS name or IP address) every node certificate carries,
+    /// for clients that dial the nodes by it; `{id}` is replaced by the
+    /// node's id (`--name 'floret-{id}.floret'`). Repeat or separate by commas.
+    #[arg(long = "name", value_delimiter = ',')]
+    names: Vec<String>,
+    /// Days the certificates stay valid.
+    #[arg(long, default_value_t = 365)]
+    days: u32,
+}
+
+/// One file to write: its name, contents, and whether it is a private key.
+struct PemFile {
+    name: String,
+    contents: String,
+    secret: bool,
+}
+
+pub fn run(args: CertsArgs) -> anyhow::Result<()> {
+    let nodes = parse_nodes(&args.nodes)?;
+    anyhow::ensure!(args.days > 0, "--days must be at least 1");
+    let written = write(&args.out, &nodes, &args.names, args.days)?;
+    println!(
+        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), client.pem and client.key",
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// Makes the certificates of `nodes` (with the extra `names`, valid for
+/// `days`) and writes them into `out`; returns how many files it wrote.
+pub fn write(out: &Path, nodes: &[u64], names: &[String], days: u32) -> anyhow::Result<usize> {
+    let files = make(nodes, names, days, OffsetDateTime::now_utc())?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    for file in &files {
+        write_new(&out.join(&file.name), &file.contents, file.secret)?;
+    }
+    Ok(files.len())
+}
+
+/// `3` means nodes 1 to 3; `1,2,5` those ids.
+fn parse_nodes(nodes: &str) -> anyhow::Result<Vec<u64>> {
+    let ids: Vec<u64> = if nodes.contains(',') {
+        nodes
+            .split(',')
+            .map(|id| id.trim().parse::<u64>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--nodes {nodes:?}: not a list of node ids"))?
+    } else {
+        let count: u64 = nodes
+            .trim()
+            .parse()
+            .with_context(|| format!("--nodes {nodes:?}: not a count of nodes"))?;
+        (1..=count).collect()
+    };
+    anyhow::ensure!(
+        !ids.is_empty() && !ids.contains(&0),
+        "--nodes: node ids start at 1"
+    );
+    Ok(ids)
+}
+
+/// The CA, a member certificate per node and a client certificate, valid
+/// for `days` from `now`.
+fn make(
+    nodes: &[u64],
+    names: &[String],
+    days: u32,
+    now: OffsetDateTime,
+) -> anyhow::Result<Vec<PemFile>> {
+    let validity = |params: &mut CertificateParams| {
+        params.not_before = now - Duration::hours(1);
+        params.not_after = now + Duration::days(i64::from(days));
+    };
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name
+        .push(DnType::CommonName, "floret cluster CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut ca);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+    let mut files = vec![
+        PemFile {
+            name: "ca.pem".into(),
+            contents: ca_cert.pem(),
+            secret: false,
+        },
+        PemFile {
+            name: "ca.key".into(),
+            contents: issuer.key().serialize_pem(),
+            secret: true,
+        },
+    ];
+    let mut leaf = |stem: String, common_name: String, sans: Vec<String>, server: bool| {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = if server {
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
+        } else {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
+        };
+        validity(&mut params);
+        let cert = params.signed_by(&key, &issuer)?;
+        files.push(PemFile {
+            name: format!("{stem}.pem"),
+            contents: cert.pem(),
+            secret: false,
+        });
+        files.push(PemFile {
+            name: format!("{stem}.key"),
+            contents: key.serialize_pem(),
+            secret: true,
+        });
+        anyhow::Ok(())
+    };
+    for &node in nodes {
+        let mut sans = vec![
+            floret_server::member_name(node),
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            "::1".to_owned(),
+        ];
+        sans.extend(
+            names
+                .iter()
+                .map(|name| name.replace("{id}", &node.to_string())),
+        );
+        leaf(
+            format!("node-{node}"),
+            format!("floret node {node}"),
+            sans,
+            true,
+        )
+        .with_context(|| format!("cannot make node {node}'s certificate"))?;
+    }
+    leaf(
+        "client".into(),
+        "floret client".into(),
+        vec!["client.floret".into()],
+        false,
+    )
+    .context("cannot make the client certificate")?;
+    Ok(files)
+}
+
+/// Writes a file that must not exist yet; private keys readable by the owner alone.
+fn write_new(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(contents.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_list_or_count() {
+        assert_eq!(parse_nodes("3").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_nodes("1, 2,5").unwrap(), vec![1, 2, 5]);
+        assert!(parse_nodes("0").is_err());
+        assert!(parse_nodes("two").is_err());
+    }
+
+    #[test]
+    fn every_node_gets_a_certificate_and_a_key() {
+        let files = make(
+            &[1, 4],
+            &["floret-{id}.svc".into()],
+            30,
+            OffsetDateTime::now_utc(),
+        )
+        .unwrap();
+        let names: Vec<&str> = files.iter().map(|file| file.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ca.pem",
+                "ca.key",
+                "node-1.pem",
+                "node-1.key",
+                "node-4.pem",
+                "node-4.key",
+                "client.pem",
+                "client.key"
+            ]
+        );
+        assert!(
+            files
+                .iter()
+                .all(|file| file.secret == file.name.ends_with(".key"))
+        );
+    }
+}

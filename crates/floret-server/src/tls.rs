@@ -1,0 +1,85 @@
+//! The node's TLS material, read from the files `[tls]` names: the
+//! certificate and key it presents on both ports and to the peers it
+//! dials, and the cluster's CA that the peer port's mutual TLS trusts.
+//! The files are read once, at start.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Certificates are not reloaded: a renewed certificate takes a restart
+//!   (a rolling one keeps the cluster serving).
+//! - The client port does not ask clients for certificates yet.
+
+use std::path::{Path, PathBuf};
+
+use floret_cluster::MemberTls;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+use crate::config::TlsSettings;
+
+/// A TLS file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {what} {path}: {source}")]
+pub struct TlsFileError {
+    what: &'static str,
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+/// What the node presents and trusts.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    identity: Identity,
+    /// The cluster's CA; none for a one-node cluster given none.
+    ca: Option<Certificate>,
+}
+
+impl NodeTls {
+    /// Reads the files `settings` names; none when TLS is off.
+    pub fn load(settings: &TlsSettings) -> Result<Option<Self>, TlsFileError> {
+        let (Some(cert), Some(key)) = (&settings.cert, &settings.key) else {
+            return Ok(None);
+        };
+        let identity = Identity::from_pem(
+            read("tls.cert certificate", cert)?,
+            read("tls.key key", key)?,
+        );
+        let ca = settings
+            .ca
+            .as_deref()
+            .map(|ca| read("tls.ca certificate", ca).map(Certificate::from_pem))
+            .transpose()?;
+        Ok(Some(Self { identity, ca }))
+    }
+
+    /// The client port's TLS: this node's certificate.
+    pub fn client_port(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new().identity(self.identity.clone())
+    }
+
+    /// The peer port's mutual TLS: callers must present a certificate of
+    /// the cluster's CA (which member it names is checked per call).
+    pub fn peer_port(&self) -> Option<ServerTlsConfig> {
+        let ca = self.ca.clone()?;
+        Some(
+            ServerTlsConfig::new()
+                .identity(self.identity.clone())
+                .client_ca_root(ca),
+        )
+    }
+
+    /// What this node presents to, and trusts, the peers it dials.
+    pub fn member(&self) -> Option<MemberTls> {
+        Some(MemberTls {
+            identity: self.identity.clone(),
+            ca: self.ca.clone()?,
+        })
+    }
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|source| TlsFileError {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
