@@ -32,7 +32,7 @@ start_node() {
     "$floret" serve --node-id "$id" --listen "127.0.0.1:$port" \
         --data-dir "$dir/node-$id" --peers "$peers" \
         --tls-cert "$certs/node-$id.pem" --tls-key "$certs/node-$id.key" \
-        --tls-ca "$certs/ca.pem" \
+        --tls-ca "$certs/ca.pem" --gossip-secret-file "$certs/gossip.key" \
         >"$dir/node-$id.out" 2>"$dir/node-$id.log" &
     echo $! >"$dir/node-$id.pid"
     echo "node $id: pid $!, 127.0.0.1:$port, data $dir/node-$id, log $dir/node-$id.log"

@@ -250,8 +250,10 @@ async fn shard_states_through(channel: Result<Channel, tonic::transport::Error>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anyone_with_network_access_drives_raft_on_the_peer_port() {
     use floret_cluster::encode;
-    use openraft::Vote;
-    use openraft::raft::VoteRequest;
+    use floret_proto::peer::v1::RaftCall;
+    use floret_proto::peer::v1::raft_answer::Outcome;
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use openraft::{SnapshotMeta, Vote};
 
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
@@ -317,4 +319,50 @@ async fn anyone_with_network_access_drives_raft_on_the_peer_port() {
         .await
         .unwrap_err();
     assert_eq!(hand_back_as_node_1.code(), Code::PermissionDenied);
+    let chunk_as_node_1 = InstallSnapshotRequest::<floret_store::TypeConfig> {
+        vote: Vote::new(1_000, 1),
+        meta: SnapshotMeta::default(),
+        offset: 0,
+        data: vec![0; 16],
+        done: false,
+    };
+    let refused = as_node_3
+        .install_snapshot(RaftMessage {
+            shard_id: 0,
+            payload: encode(&chunk_as_node_1),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    let append_as_node_1 = AppendEntriesRequest::<floret_store::TypeConfig> {
+        vote: Vote::new(1_000, 1),
+        prev_log_id: None,
+        leader_commit: None,
+        entries: Vec::new(),
+    };
+    let calls = RaftCalls {
+        calls: vec![RaftCall {
+            call_id: 7,
+            shard_id: 0,
+            payload: encode(&append_as_node_1),
+        }],
+    };
+    let mut answers = as_node_3
+        .append_entries_stream(tokio_stream::iter(vec![calls]))
+        .await
+        .expect("node 3 may open an append stream")
+        .into_inner();
+    let answer = answers
+        .message()
+        .await
+        .unwrap()
+        .expect("an answer to the forged append")
+        .answers
+        .remove(0);
+    assert_eq!(answer.call_id, 7);
+    match answer.outcome {
+        Some(Outcome::Refused(why)) => assert!(why.contains("node 3"), "{why}"),
+        other => panic!("an append claiming node 1's leadership was handed to raft: {other:?}"),
+    }
 }

@@ -545,3 +545,108 @@ fn node_serves_plaintext_to_the_whole_network() {
         "the refused node created its data dir"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs floret built with --features failpoints"
+)]
+async fn produce_fills_the_disk_until_acks_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let free_bytes_file = dir.path().join("free-bytes");
+    let args = ["--listen".to_owned(), "127.0.0.1:0".to_owned()];
+    let node = FloretProcess::spawn_with_failpoints(
+        &dir.path().join("node"),
+        &args,
+        &format!("disk-free-bytes=return({})", free_bytes_file.display()),
+    )
+    .wait_ready();
+    let client = node.client().with_retry(floret_client::RetryPolicy {
+        give_up_after: Duration::ZERO,
+        ..Default::default()
+    });
+    let produce = |counter: u64| {
+        let client = client.clone();
+        async move {
+            client
+                .produce("default", "p", vec![message("p", counter)])
+                .await
+        }
+    };
+    let mut acknowledged: Vec<u64> = Vec::new();
+    for counter in 0..50 {
+        produce(counter).await.expect("produce with room on disk");
+        acknowledged.push(counter);
+    }
+
+    std::fs::write(&free_bytes_file, "1024").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let counter = 50 + acknowledged.len() as u64;
+        match produce(counter).await {
+            Ok(_) => acknowledged.push(counter),
+            Err(error) => break error,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "produces still taken on a full disk"
+        );
+    };
+    let message = refused.to_string();
+    assert!(
+        message.contains("disk") && message.contains("min_free_bytes"),
+        "{message}"
+    );
+    assert_eq!(status_code(refused), Code::ResourceExhausted);
+
+    let delivered = consume_until(&client, 16, |d| d.len() >= acknowledged.len()).await;
+    let counters: std::collections::BTreeSet<u64> = delivered.iter().map(counter_of).collect();
+    assert!(
+        acknowledged.iter().all(|c| counters.contains(c)),
+        "acknowledged messages missing on a full disk: {counters:?}"
+    );
+
+    std::fs::remove_file(&free_bytes_file).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "produces taken once space returns",
+        || async { produce(1_000).await.is_ok() },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_pile_up_until_the_node_runs_out_of_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("floret.toml");
+    std::fs::write(&config, "[limits]\nmax_connections = 2\n").unwrap();
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let connect = || async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address))
+            .unwrap()
+            .connect()
+            .await?;
+        let mut admin = floret_proto::v1::admin_client::AdminClient::new(channel.clone());
+        admin
+            .cluster_status(floret_proto::v1::ClusterStatusRequest {})
+            .await
+            .map_err(|status| Box::new(status) as Box<dyn std::error::Error>)?;
+        Ok::<_, Box<dyn std::error::Error>>(channel)
+    };
+    let first = connect().await.expect("first connection");
+    let _second = connect().await.expect("second connection");
+    assert!(
+        connect().await.is_err(),
+        "a third connection was served past max_connections = 2"
+    );
+    drop(first);
+    eventually(
+        Duration::from_secs(10),
+        "a connection taken once one closed",
+        || async { connect().await.is_ok() },
+    )
+    .await;
+}

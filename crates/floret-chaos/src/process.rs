@@ -72,7 +72,8 @@ impl ClusterCerts {
         self.dir.join(name)
     }
 
-    /// The `floret serve` flags that make node `id` serve TLS and mutual TLS.
+    /// The `floret serve` flags that make node `id` serve TLS and mutual
+    /// TLS, and seal its gossip.
     pub fn serve_flags(&self, id: u64) -> Vec<String> {
         let path = |name: String| self.file(&name).display().to_string();
         vec![
@@ -82,6 +83,8 @@ impl ClusterCerts {
             path(format!("node-{id}.key")),
             "--tls-ca".into(),
             path("ca.pem".into()),
+            "--gossip-secret-file".into(),
+            path("gossip.key".into()),
         ]
     }
 

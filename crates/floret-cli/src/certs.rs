@@ -2,7 +2,8 @@
 //! development, tests, compose and Kubernetes. Every node gets a member
 //! certificate naming `node-<id>.floret` (what its peers expect), plus
 //! `localhost`, `127.0.0.1`, `::1` and the `--name`s (what clients dial),
-//! usable as both server and client; a client certificate is made too.
+//! usable as both server and client; a client certificate is made too, and
+//! the cluster's gossip secret (`gossip.key`, 32 random bytes in hex).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - It makes a new CA every time and never overwrites files: certificates
@@ -40,7 +41,7 @@ pub struct CertsArgs {
     days: u32,
 }
 
-/// One file to write: its name, contents, and whether it is a private key.
+/// One file to write: its name, contents, and whether it is a secret.
 struct PemFile {
     name: String,
     contents: String,
@@ -52,7 +53,7 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.days > 0, "--days must be at least 1");
     let written = write(&args.out, &nodes, &args.names, args.days)?;
     println!(
-        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), client.pem and client.key",
+        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key",
         args.out.display()
     );
     Ok(())
@@ -183,7 +184,23 @@ fn make(
         false,
     )
     .context("cannot make the client certificate")?;
+    files.push(PemFile {
+        name: "gossip.key".into(),
+        contents: gossip_secret()?,
+        secret: true,
+    });
     Ok(files)
+}
+
+/// 32 random bytes in hex, and a newline.
+fn gossip_secret() -> anyhow::Result<String> {
+    use ring::rand::SecureRandom;
+    let mut secret = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut secret)
+        .map_err(|_| anyhow::anyhow!("the system's random source failed"))?;
+    let hex: String = secret.iter().map(|byte| format!("{byte:02x}")).collect();
+    Ok(hex + "\n")
 }
 
 /// Writes a file that must not exist yet; private keys readable by the owner alone.
@@ -234,7 +251,8 @@ mod tests {
                 "node-4.pem",
                 "node-4.key",
                 "client.pem",
-                "client.key"
+                "client.key",
+                "gossip.key"
             ]
         );
         assert!(

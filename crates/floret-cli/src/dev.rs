@@ -6,8 +6,8 @@
 //! all with the default configuration; prints where they are; stops them all on Ctrl-C.
 //! Run it again on the same data dir and the same cluster comes back.
 //! The nodes serve TLS and mutual TLS with certificates made by `floret
-//! certs` under `--data-dir`/certs on the first run (`--plaintext` turns
-//! that off).
+//! certs` under `--data-dir`/certs on the first run, and seal their gossip
+//! with its gossip.key (`--plaintext` turns both off).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - All nodes share one process, so killing it kills the whole cluster; to
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use floret_server::Node;
-use floret_server::config::{Config, PeerConfig, TlsSettings};
+use floret_server::config::{Config, GossipSettings, PeerConfig, TlsSettings};
 use tokio::sync::watch;
 
 /// A node's peer port is this far above its client port.
@@ -48,7 +48,8 @@ pub struct DevArgs {
     /// the cluster's certificates (certs).
     #[arg(long, default_value = "floret-dev")]
     data_dir: PathBuf,
-    /// Serve plaintext instead of TLS (loopback only).
+    /// Serve plaintext instead of TLS: anyone who reaches the ports can
+    /// read messages and drive the cluster (on --host other than loopback too).
     #[arg(long)]
     plaintext: bool,
 }
@@ -65,7 +66,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         })
         .collect();
     let certs = args.data_dir.join("certs");
-    if !args.plaintext && !certs.join("ca.pem").exists() {
+    if !args.plaintext && certs.join("ca.pem").exists() {
+        let missing = (1..=args.nodes).find(|id| !certs.join(format!("node-{id}.pem")).exists());
+        if let Some(id) = missing {
+            anyhow::bail!(
+                "{} holds no certificate for node {id}: it was made for fewer nodes; delete that folder to make new ones",
+                certs.display()
+            );
+        }
+    } else if !args.plaintext {
         let nodes: Vec<u64> = (1..=u64::from(args.nodes)).collect();
         let names: Vec<String> = match args.host.is_loopback() {
             true => Vec::new(),
@@ -81,6 +90,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             ca: Some(certs.join("ca.pem")),
         },
     };
+    let gossip = GossipSettings {
+        secret_file: (!args.plaintext).then(|| certs.join("gossip.key")),
+        ..GossipSettings::default()
+    };
     let mut nodes = Vec::new();
     for id in 1..=args.nodes {
         let config = Config {
@@ -89,6 +102,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             data_dir: args.data_dir.join(format!("node-{id}")),
             peers: peers.clone(),
             tls: tls(id),
+            gossip: gossip.clone(),
+            insecure: args.plaintext,
             ..Config::default()
         };
         let listeners = floret_server::bind_listeners(&config).await?;

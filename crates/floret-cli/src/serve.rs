@@ -17,6 +17,9 @@ pub struct ServeArgs {
     /// TOML configuration file (flags and FLORET_* variables override it).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The cluster's name: gossip ignores nodes of another name.
+    #[arg(long)]
+    cluster_name: Option<String>,
     /// This node's id (> 0).
     #[arg(long)]
     node_id: Option<u64>,
@@ -47,6 +50,10 @@ pub struct ServeArgs {
     /// UDP address for gossip (default: the peer port's address, UDP).
     #[arg(long)]
     gossip_listen: Option<SocketAddr>,
+    /// A file holding the cluster's gossip secret (`floret certs` writes
+    /// gossip.key): gossip datagrams are sealed with it.
+    #[arg(long)]
+    gossip_secret_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -69,6 +76,9 @@ pub struct ServeArgs {
 /// Runs a node; `tls_ca` is the cluster's CA given to the whole command.
 pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()> {
     let mut config = Config::load(args.config.as_deref(), |name| std::env::var(name).ok())?;
+    if let Some(cluster_name) = args.cluster_name {
+        config.cluster_name = cluster_name;
+    }
     if let Some(node_id) = args.node_id {
         config.node_id = node_id;
     }
@@ -96,6 +106,10 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
     }
     if let Some(gossip_listen) = args.gossip_listen {
         config.gossip.listen = Some(gossip_listen);
+    }
+    if let Some(secret_file) = args.gossip_secret_file {
+        config.gossip.secret_file = Some(secret_file);
+        config.gossip.secret = None;
     }
     if let Some(metrics_listen) = args.metrics_listen {
         config.metrics_listen = Some(metrics_listen);

@@ -348,9 +348,21 @@ fn endpoint(address: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientEr
     match tls {
         Some(tls) => endpoint
             .tls_config(tls.config())
-            .map_err(|e| ClientError::Tls(e.to_string())),
+            .map_err(|e| ClientError::Tls(error_chain(&e))),
         None => Ok(endpoint),
     }
+}
+
+/// An error with its causes: tonic's own message says only "transport error".
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut reason = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        reason.push_str(": ");
+        reason.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    reason
 }
 
 /// One producer of one queue, numbering its batches so retries are safe.

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use floret_cluster::{Gossip, GossipConfig, Liveness, NodeReport, QueueLoad};
+use floret_cluster::{Gossip, GossipConfig, GossipSecret, Liveness, NodeReport, QueueLoad};
 
 const INTERVAL: Duration = Duration::from_millis(200);
 
@@ -45,6 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             seeds,
             interval: INTERVAL,
             phi_threshold: 8.0,
+            cluster_name: "floret".into(),
+            secret: Some(GossipSecret::new(b"the example's gossip secret")?),
         };
         agents.push(Gossip::start(index as u64 + 1, &address.to_string(), config).await?);
     }

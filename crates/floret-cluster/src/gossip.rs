@@ -13,27 +13,29 @@
 //! intervals and would declare a node dead after a one-second stall.
 //!
 //! Values are short strings (`queue:<name>` -> `p=3;w=3;m=120;b=15360;r=512.5;c=1`)
-//! so a node's whole state fits in a datagram or two. The transport counts
-//! the bytes it sends and receives ([`Gossip::traffic`]).
+//! so a node's whole state fits in a datagram or two. The transport
+//! (`gossip_transport.rs`) seals every datagram with the cluster's secret,
+//! drops those that fail it, and counts bytes and drops
+//! ([`Gossip::traffic`]). chitchat's cluster id is the cluster's name, so
+//! two clusters that share a secret still ignore each other.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Peers are found through the members' gRPC addresses, gossiping on the
 //!   same port number over UDP; a node whose gossip port differs is reached
 //!   only once it has contacted another node itself.
-//! - No authentication of gossip messages: keep the port on a private network.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpTransport};
 use chitchat::{
-    ChitchatConfig, ChitchatEnvelope, ChitchatHandle, ChitchatId, FailureDetectorConfig,
-    ProtocolVersion, spawn_chitchat,
+    ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion,
+    spawn_chitchat,
 };
 use floret_store::{NodeId, ShardId};
+
+use crate::gossip_transport::{GossipSecret, SealedTransport, Traffic};
 
 /// Gossip rounds without a new heartbeat after which a live node is suspected.
 pub const SUSPECT_AFTER_ROUNDS: u32 = 3;
@@ -60,6 +62,10 @@ pub struct GossipConfig {
     /// How long a silent node may stay alive: the failure detector declares
     /// it dead once its silence is this unlikely given the intervals seen.
     pub phi_threshold: f64,
+    /// The cluster's name: nodes gossip only with nodes of the same name.
+    pub cluster_name: String,
+    /// The secret every datagram is sealed with (none: plain datagrams).
+    pub secret: Option<GossipSecret>,
 }
 
 /// Why gossip could not start.
@@ -168,23 +174,6 @@ pub struct NodeView {
 /// generations, an alive one, else the newest).
 pub type View = BTreeMap<NodeId, NodeView>;
 
-/// Bytes gossip sent and received since the node started.
-#[derive(Debug, Default)]
-pub struct Traffic {
-    sent: AtomicU64,
-    received: AtomicU64,
-}
-
-impl Traffic {
-    /// (bytes sent, bytes received).
-    pub fn totals(&self) -> (u64, u64) {
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.received.load(Ordering::Relaxed),
-        )
-    }
-}
-
 /// This node's gossip agent.
 pub struct Gossip {
     handle: ChitchatHandle,
@@ -217,7 +206,7 @@ impl Gossip {
         };
         let chitchat_config = ChitchatConfig {
             chitchat_id,
-            cluster_id: "floret".into(),
+            cluster_id: config.cluster_name.clone(),
             gossip_interval: config.interval,
             listen_addr: config.listen,
             seed_nodes: config.seeds.clone(),
@@ -228,7 +217,8 @@ impl Gossip {
             protocol_version: ProtocolVersion::V0,
         };
         let traffic = Arc::new(Traffic::default());
-        let transport = CountingTransport {
+        let transport = SealedTransport {
+            secret: config.secret.clone(),
             traffic: traffic.clone(),
         };
         let handle = spawn_chitchat(
@@ -360,7 +350,7 @@ impl Gossip {
         self.node_id
     }
 
-    /// Bytes sent and received by gossip so far.
+    /// Bytes sent and received, and datagrams dropped, by gossip so far.
     pub fn traffic(&self) -> &Traffic {
         &self.traffic
     }
@@ -370,53 +360,6 @@ impl Gossip {
         if let Err(error) = self.handle.shutdown().await {
             tracing::debug!(%error, "gossip did not stop cleanly");
         }
-    }
-}
-
-/// chitchat's UDP transport, counting bytes.
-struct CountingTransport {
-    traffic: Arc<Traffic>,
-}
-
-#[tonic::async_trait]
-impl Transport for CountingTransport {
-    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
-        Ok(Box::new(CountingSocket {
-            inner: UdpTransport.open(listen_addr).await?,
-            traffic: self.traffic.clone(),
-        }))
-    }
-}
-
-struct CountingSocket {
-    inner: Box<dyn Socket>,
-    traffic: Arc<Traffic>,
-}
-
-#[tonic::async_trait]
-impl Socket for CountingSocket {
-    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-
-    async fn send(
-        &mut self,
-        to: SocketAddr,
-        envelope: ChitchatEnvelope,
-    ) -> anyhow::Result<SendOutcome> {
-        let outcome = self.inner.send(to, envelope).await?;
-        self.traffic
-            .sent
-            .fetch_add(outcome.num_bytes_sent as u64, Ordering::Relaxed);
-        Ok(outcome)
-    }
-
-    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
-        let outcome = self.inner.recv().await?;
-        self.traffic
-            .received
-            .fetch_add(outcome.num_bytes_received as u64, Ordering::Relaxed);
-        Ok(outcome)
     }
 }
 

@@ -17,6 +17,7 @@
 
 mod append_stream;
 mod gossip;
+mod gossip_transport;
 mod member_tls;
 mod network;
 mod peers;
@@ -26,9 +27,10 @@ mod shards;
 pub use append_stream::batched;
 pub use gossip::{
     DEAD_AFTER_ROUNDS, Gossip, GossipConfig, GossipError, Liveness, NodeReport, NodeView,
-    QueueLoad, SUSPECT_AFTER_ROUNDS, Traffic, View,
+    QueueLoad, SUSPECT_AFTER_ROUNDS, View,
 };
-pub use member_tls::{MemberTls, member_name, member_named_by};
+pub use gossip_transport::{GossipSecret, MIN_SECRET_BYTES, Traffic};
+pub use member_tls::{MemberTls, member_name, member_named_by, pem_names_member, tls_error_chain};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

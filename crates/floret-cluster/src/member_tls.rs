@@ -21,19 +21,47 @@ pub fn member_name(node: NodeId) -> String {
     format!("node-{node}.floret")
 }
 
-/// The member whose name `certificate` (DER) carries, if any of `members`.
-/// The caller has already verified it against the cluster's CA (the TLS
+/// The member whose name `certificate` (DER) carries, if it names exactly
+/// one of `members` (a certificate naming two could act as either). The
+/// caller has already verified it against the cluster's CA (the TLS
 /// handshake does).
 pub fn member_named_by(certificate: &[u8], members: &[NodeId]) -> Option<NodeId> {
     let der = CertificateDer::from(certificate);
     let certificate = webpki::EndEntityCert::try_from(&der).ok()?;
-    members.iter().copied().find(|&node| {
+    let mut named = members.iter().copied().filter(|&node| {
         DnsName::try_from(member_name(node)).is_ok_and(|name| {
             certificate
                 .verify_is_valid_for_subject_name(&ServerName::DnsName(name))
                 .is_ok()
         })
-    })
+    });
+    match (named.next(), named.next()) {
+        (Some(node), None) => Some(node),
+        _ => None,
+    }
+}
+
+/// Whether the first certificate of the PEM chain `chain` names `node`
+/// (and no other of `members`): a node checks its own at start, so a
+/// swapped certificate fails there, not as refusals at its peers.
+pub fn pem_names_member(chain: &[u8], node: NodeId, members: &[NodeId]) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(chain)
+        .next()
+        .and_then(Result::ok)
+        .is_some_and(|leaf| member_named_by(&leaf, members) == Some(node))
+}
+
+/// A TLS error with its causes: tonic's own message says only "transport error".
+pub fn tls_error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut reason = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        reason.push_str(": ");
+        reason.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    reason
 }
 
 /// What a node presents to the peers it dials, and the CA it trusts them by.

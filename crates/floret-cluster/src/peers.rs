@@ -17,7 +17,7 @@ use floret_store::NodeId;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::append_stream::AppendStream;
-use crate::member_tls::MemberTls;
+use crate::member_tls::{MemberTls, tls_error_chain};
 
 /// Largest node-to-node message: a snapshot chunk or a batch of appended
 /// entries, whose size openraft bounds (see `RaftTuning`).
@@ -96,7 +96,7 @@ impl Peers {
                         .tls_config(tls.dialling(node))
                         .map_err(|e| PeersError::Tls {
                             node,
-                            reason: e.to_string(),
+                            reason: tls_error_chain(&e),
                         })?;
             }
             let channel = endpoint

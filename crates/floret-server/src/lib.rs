@@ -32,6 +32,7 @@ pub mod config;
 mod decode_properties;
 pub mod deliver;
 pub mod delivery_id;
+pub mod disk_room;
 pub mod error;
 pub mod faults;
 mod idle;

@@ -7,7 +7,9 @@
 //! bytes (from those shards' durable producer records, re-read every
 //! [`BYTES_REFRESH`]), the recent dispatch rate and the consumers here.
 //! Gossip's own traffic is exported as the `floret_gossip_sent_bytes_total`
-//! and `floret_gossip_received_bytes_total` metrics.
+//! and `floret_gossip_received_bytes_total` metrics, and the datagrams it
+//! dropped (a tag that does not verify under the cluster's secret, or
+//! undecodable) as `floret_gossip_dropped_datagrams_total`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A one-node cluster runs no gossip; its services see no view.
@@ -17,11 +19,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floret_cluster::{Gossip, GossipConfig, GossipError, NodeReport, QueueLoad, Shards, View};
+use floret_cluster::{
+    Gossip, GossipConfig, GossipError, GossipSecret, NodeReport, QueueLoad, Shards, View,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::Config;
+use crate::config::{Config, GossipSettings};
 use crate::deliver::DispatcherHandle;
 
 /// How often backlog bytes are summed from the durable producer records.
@@ -35,11 +39,12 @@ pub struct LoadView {
 }
 
 impl LoadView {
-    /// Starts gossiping (`bound` is the gRPC listener's address) and
-    /// publishing; None for a one-node cluster.
+    /// Starts gossiping (`bound` is the gRPC listener's address), sealed
+    /// with `secret` if given, and publishing; None for a one-node cluster.
     pub async fn start(
         config: &Config,
         bound: SocketAddr,
+        secret: Option<GossipSecret>,
         shards: Arc<Shards>,
         dispatcher: DispatcherHandle,
     ) -> Result<Option<Self>, GossipError> {
@@ -72,6 +77,8 @@ impl LoadView {
                         .collect(),
                     interval,
                     phi_threshold: config.gossip.phi_threshold,
+                    cluster_name: config.cluster_name.clone(),
+                    secret,
                 },
             )
             .await?,
@@ -161,8 +168,23 @@ async fn publish(
         let (sent, received) = gossip.traffic().totals();
         metrics::counter!("floret_gossip_sent_bytes_total").absolute(sent);
         metrics::counter!("floret_gossip_received_bytes_total").absolute(received);
+        metrics::counter!("floret_gossip_dropped_datagrams_total")
+            .absolute(gossip.traffic().dropped());
         let _no_readers = view.send(Arc::new(gossip.view().await));
     }
+}
+
+/// The gossip secret `settings` name: read from its file (surrounding
+/// whitespace trimmed) or given as is; none when not configured.
+pub fn gossip_secret(settings: &GossipSettings) -> Result<Option<GossipSecret>, String> {
+    let text = match (&settings.secret_file, &settings.secret) {
+        (Some(path), _) => std::fs::read_to_string(path).map_err(|error| {
+            format!("cannot read gossip.secret_file {}: {error}", path.display())
+        })?,
+        (None, Some(secret)) => secret.0.clone(),
+        (None, None) => return Ok(None),
+    };
+    GossipSecret::new(text.trim().as_bytes()).map(Some)
 }
 
 /// Stored bytes per queue over the shards this node leads.

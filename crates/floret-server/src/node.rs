@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::deliver::{self, DispatcherHandle};
+use crate::disk_room::DiskRoom;
 use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
@@ -78,6 +79,9 @@ pub enum NodeError {
     /// A TLS file could not be read.
     #[error(transparent)]
     TlsFile(#[from] TlsFileError),
+    /// The gossip secret is missing or too short.
+    #[error("{0}")]
+    GossipSecret(String),
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
@@ -174,13 +178,13 @@ impl Node {
                 log_segment_bytes: config.storage.log_segment_bytes,
             },
         )?;
-        let tls = NodeTls::load(&config.tls)?;
+        let members = config.members(address);
+        let member_ids: Vec<u64> = members.keys().copied().collect();
+        let tls = NodeTls::load(&config.tls, config.node_id, &member_ids)?;
+        let gossip_secret =
+            crate::load_view::gossip_secret(&config.gossip).map_err(NodeError::GossipSecret)?;
         let member_tls = tls.as_ref().and_then(NodeTls::member);
-        let peers = Arc::new(Peers::new(
-            config.node_id,
-            config.members(address),
-            member_tls.as_ref(),
-        )?);
+        let peers = Arc::new(Peers::new(config.node_id, members, member_tls.as_ref())?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
         let applied: AppliedListener = Arc::new(move |event| applied_to_dispatcher.applied(event));
@@ -215,6 +219,7 @@ impl Node {
         let load_view = LoadView::start(
             &config,
             peer_address.unwrap_or(address),
+            gossip_secret,
             shards.clone(),
             dispatcher.clone(),
         )
@@ -225,6 +230,8 @@ impl Node {
         }
         let (stopping, stopped) = watch::channel(false);
         let fault = NodeFault::default();
+        let (disk, disk_sampler) = DiskRoom::spawn(&config.data_dir);
+        watchers.push(disk_sampler);
         let parts = NodeParts {
             fault: fault.clone(),
             config: &config,
@@ -233,6 +240,7 @@ impl Node {
             proposers: &proposers,
             dispatcher,
             view,
+            disk,
         };
         let server = Server::start(
             parts.services(stopped.clone()),
@@ -378,6 +386,8 @@ struct NodeParts<'a> {
     proposers: &'a Proposers,
     dispatcher: DispatcherHandle,
     view: Option<watch::Receiver<Arc<floret_cluster::View>>>,
+    /// The data dir's free space.
+    disk: DiskRoom,
 }
 
 impl NodeParts<'_> {
@@ -395,7 +405,12 @@ impl NodeParts<'_> {
             shards.clone(),
             router.clone(),
             config.limits.clone(),
-            Backpressure::new(config.backpressure.clone(), shards.clone()),
+            Backpressure::new(
+                config.backpressure.clone(),
+                shards.clone(),
+                self.disk,
+                config.storage.min_free_bytes,
+            ),
             self.advertised.clone(),
         ));
         let consumers = fan_in::Sources {
@@ -432,6 +447,7 @@ impl NodeParts<'_> {
             ),
             max_request_bytes: config.limits.max_request_bytes,
             members: shards.peers().node_ids(),
+            max_client_connections: config.limits.max_connections,
         }
     }
 }

@@ -10,19 +10,38 @@
 
 use std::path::{Path, PathBuf};
 
-use floret_cluster::MemberTls;
+use floret_cluster::{MemberTls, member_name, pem_names_member};
+use floret_store::NodeId;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::config::TlsSettings;
 
-/// A TLS file that cannot be read.
+/// TLS material that cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read {what} {path}: {source}")]
-pub struct TlsFileError {
-    what: &'static str,
-    path: PathBuf,
-    #[source]
-    source: std::io::Error,
+pub enum TlsFileError {
+    /// A file cannot be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Unreadable {
+        /// What the file should hold.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The node's certificate does not name it as a member.
+    #[error(
+        "tls.cert {path} does not name this node as {expected} (alone): its peers would refuse it; use node {node}'s certificate from `floret certs`"
+    )]
+    NotThisMember {
+        /// The certificate file.
+        path: PathBuf,
+        /// This node.
+        node: NodeId,
+        /// The name it must carry.
+        expected: String,
+    },
 }
 
 /// What the node presents and trusts.
@@ -34,15 +53,25 @@ pub struct NodeTls {
 }
 
 impl NodeTls {
-    /// Reads the files `settings` names; none when TLS is off.
-    pub fn load(settings: &TlsSettings) -> Result<Option<Self>, TlsFileError> {
+    /// Reads the files `settings` names; none when TLS is off. With a CA
+    /// the certificate must name `node` alone among `members`.
+    pub fn load(
+        settings: &TlsSettings,
+        node: NodeId,
+        members: &[NodeId],
+    ) -> Result<Option<Self>, TlsFileError> {
         let (Some(cert), Some(key)) = (&settings.cert, &settings.key) else {
             return Ok(None);
         };
-        let identity = Identity::from_pem(
-            read("tls.cert certificate", cert)?,
-            read("tls.key key", key)?,
-        );
+        let chain = read("tls.cert certificate", cert)?;
+        if settings.ca.is_some() && !pem_names_member(&chain, node, members) {
+            return Err(TlsFileError::NotThisMember {
+                path: cert.clone(),
+                node,
+                expected: member_name(node),
+            });
+        }
+        let identity = Identity::from_pem(chain, read("tls.key key", key)?);
         let ca = settings
             .ca
             .as_deref()
@@ -77,7 +106,7 @@ impl NodeTls {
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
-    std::fs::read(path).map_err(|source| TlsFileError {
+    std::fs::read(path).map_err(|source| TlsFileError::Unreadable {
         what,
         path: path.to_path_buf(),
         source,

@@ -92,7 +92,16 @@ proptest! {
 
     #[test]
     fn snapshot_image_decoder_never_panics(image in bytes()) {
-        let _ = TreeImage::from_bytes(&image);
+        if let Ok(image) = TreeImage::from_bytes(&image) {
+            let _ = image.validate();
+        }
+    }
+
+    #[test]
+    fn snapshot_image_validation_never_panics(
+        pairs in proptest::collection::vec((bytes(), bytes()), 0..8),
+    ) {
+        let _ = TreeImage { pairs }.validate();
     }
 }
 

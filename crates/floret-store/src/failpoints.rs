@@ -15,6 +15,7 @@
 //! | `wal-skip-sync` | the raft log's sync returns without syncing (acknowledges before the flush) |
 //! | `wal-sync-fails` | the raft log's sync fails as an `fdatasync` error would (the log stops) |
 //! | `power-loss-on-open` | opening the data dir first throws away what the last run wrote and never synced |
+//! | `disk-free-bytes` | (in the server) `return(FILE)`: the free space the node sees is the number in FILE, while FILE exists |
 //!
 //! **Power-loss emulation.** SIGKILL keeps the page cache, so it cannot show
 //! a missing `fdatasync`. With the feature on, every completed sync of the
@@ -51,6 +52,19 @@ pub fn fires(name: &str) -> bool {
     {
         let _ = name;
         false
+    }
+}
+
+/// The argument of the fault point `name` (`return(ARG)`) when it fires.
+pub fn argument(name: &str) -> Option<String> {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::eval(name, |argument| argument).flatten()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        None
     }
 }
 

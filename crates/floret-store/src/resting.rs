@@ -124,6 +124,18 @@ pub(crate) fn run_segment<B: AsRef<[u8]>>(run: &Run<B>) -> Result<Option<u64>, R
     })
 }
 
+/// Whether `value` is a message at rest with its payload inline, as a
+/// snapshot image must hold it.
+pub(crate) fn check_inline(value: &[u8]) -> Result<(), RestingError> {
+    let message: RestingMessage<'_> = postcard::from_bytes(value)?;
+    match message.payload {
+        RestingPayload::Inline(_) => Ok(()),
+        RestingPayload::Logged(_) => Err(RestingError::Run(RunError(
+            "a payload that points into the sender's raft log",
+        ))),
+    }
+}
+
 /// The message at rest in `value`, payload read from `log` if logged.
 pub(crate) fn resolve(value: &[u8], log: &Wal) -> Result<StoredMessage, RestingError> {
     let message: RestingMessage<'_> = postcard::from_bytes(value)?;

@@ -23,6 +23,8 @@ pub use sections::*;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
+    /// The cluster's name: its gossip ignores nodes of another name.
+    pub cluster_name: String,
     /// This node's id in every raft group (> 0).
     pub node_id: u64,
     /// The client port: the public gRPC API (Floret, Admin, health,
@@ -88,6 +90,7 @@ pub const DEFAULT_SHARDS: u32 = 6;
 impl Default for Config {
     fn default() -> Self {
         Self {
+            cluster_name: "floret".into(),
             node_id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
             peer_listen: None,
@@ -188,6 +191,9 @@ impl Config {
                 })
                 .transpose()
         }
+        if let Some(cluster_name) = env("FLORET_CLUSTER_NAME") {
+            self.cluster_name = cluster_name;
+        }
         if let Some(node_id) = parse(&env, "FLORET_NODE_ID")? {
             self.node_id = node_id;
         }
@@ -218,6 +224,12 @@ impl Config {
         }
         if let Some(gossip_listen) = parse(&env, "FLORET_GOSSIP_LISTEN")? {
             self.gossip.listen = Some(gossip_listen);
+        }
+        if let Some(secret_file) = parse::<PathBuf>(&env, "FLORET_GOSSIP_SECRET_FILE")? {
+            self.gossip.secret_file = Some(secret_file);
+        }
+        if let Some(secret) = env("FLORET_GOSSIP_SECRET") {
+            self.gossip.secret = Some(SecretText(secret));
         }
         if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
             self.metrics_listen = Some(metrics_listen);
@@ -485,6 +497,40 @@ mod tests {
             ..Config::default()
         };
         assert!(exposed_peer_port.validate().is_err());
+    }
+
+    #[test]
+    fn cluster_gossiping_off_loopback_needs_a_secret() {
+        let tls = TlsSettings {
+            cert: Some("node.pem".into()),
+            key: Some("node.key".into()),
+            ca: Some("ca.pem".into()),
+        };
+        let unsealed = Config {
+            listen: "0.0.0.0:7701".parse().unwrap(),
+            peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+            tls,
+            ..Config::default()
+        };
+        let error = unsealed.validate().unwrap_err();
+        assert!(error.to_string().contains("gossip"), "{error}");
+        let sealed = Config {
+            gossip: GossipSettings {
+                secret: Some(SecretText("sixteen bytes or more".into())),
+                ..GossipSettings::default()
+            },
+            ..unsealed.clone()
+        };
+        sealed.validate().unwrap();
+        let short = Config {
+            gossip: GossipSettings {
+                secret: Some(SecretText("short".into())),
+                ..GossipSettings::default()
+            },
+            ..unsealed
+        };
+        assert!(short.validate().is_err());
+        assert_eq!(format!("{:?}", SecretText("hunter2".into())), "<redacted>");
     }
 
     #[test]

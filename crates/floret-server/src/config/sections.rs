@@ -41,6 +41,12 @@ pub struct GossipSettings {
     pub interval_ms: u64,
     /// Phi-accrual threshold above which a silent node is declared dead.
     pub phi_threshold: f64,
+    /// A file holding the cluster's gossip secret (at least 16 bytes; `floret
+    /// certs` writes one as gossip.key): every datagram is sealed with it,
+    /// and datagrams that fail it are dropped.
+    pub secret_file: Option<PathBuf>,
+    /// The gossip secret itself, instead of a file (`FLORET_GOSSIP_SECRET`).
+    pub secret: Option<SecretText>,
 }
 
 impl Default for GossipSettings {
@@ -49,7 +55,27 @@ impl Default for GossipSettings {
             listen: None,
             interval_ms: 200,
             phi_threshold: 8.0,
+            secret_file: None,
+            secret: None,
         }
+    }
+}
+
+impl GossipSettings {
+    /// Whether a gossip secret is configured.
+    pub fn sealed(&self) -> bool {
+        self.secret_file.is_some() || self.secret.is_some()
+    }
+}
+
+/// A secret given in the configuration; never printed.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("<redacted>")
     }
 }
 
@@ -153,6 +179,10 @@ pub struct StorageConfig {
     /// The raft log starts a new segment file past this size; a segment is
     /// deleted once its entries are purged and no stored message points into it.
     pub log_segment_bytes: u64,
+    /// Below this much free space on the data dir's filesystem produces are
+    /// refused (RESOURCE_EXHAUSTED, reason disk) until space returns; acks
+    /// and consumes go on in the room left.
+    pub min_free_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -161,6 +191,7 @@ impl Default for StorageConfig {
         Self {
             cache_bytes: defaults.cache_bytes,
             log_segment_bytes: defaults.log_segment_bytes,
+            min_free_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -179,6 +210,9 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Most credits a consumer may hold at once, so one consumer cannot pin the whole backlog.
     pub max_credits: u32,
+    /// Most connections open at once on the client port; more are closed
+    /// as soon as they are accepted (each may carry 1,024 streams).
+    pub max_connections: usize,
 }
 
 /// How deliveries are leased.
@@ -240,6 +274,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_request_bytes: 16 * 1024 * 1024,
             max_credits: 100_000,
+            max_connections: 4_096,
         }
     }
 }

@@ -52,28 +52,58 @@ impl Config {
         if self.gossip.interval_ms == 0 || self.gossip.phi_threshold <= 0.0 {
             return Err("gossip.interval_ms and gossip.phi_threshold must be > 0".into());
         }
+        let name = &self.cluster_name;
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(format!(
+                "cluster_name {name:?} must be 1 to 64 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if self.gossip.secret_file.is_some() && self.gossip.secret.is_some() {
+            return Err("give the gossip secret once: gossip.secret_file or gossip.secret (FLORET_GOSSIP_SECRET), not both".into());
+        }
+        if let Some(secret) = &self.gossip.secret {
+            floret_cluster::GossipSecret::new(secret.0.trim().as_bytes())?;
+        }
         if self.replication_factor == 0 {
             return Err("replication_factor must be > 0".into());
         }
         Ok(())
     }
 
-    /// TLS settings that belong together, and no plaintext port off
-    /// loopback unless `insecure` says so.
+    /// TLS settings that belong together; no plaintext port and no
+    /// unsealed gossip off loopback unless `insecure` says so.
     fn check_transport_security(&self) -> Result<(), String> {
         let tls = &self.tls;
         if tls.cert.is_some() != tls.key.is_some() {
             return Err("tls.cert and tls.key go together: give both or neither".into());
         }
         if tls.ca.is_some() && tls.cert.is_none() {
-            return Err(
-                "tls.ca needs tls.cert and tls.key: this node's own member certificate".into(),
-            );
+            return Err("tls.ca (--tls-ca, FLORET_TLS_CA) needs tls.cert and tls.key, this node's own member certificate: give them, or unset FLORET_TLS_CA to serve plaintext on loopback".into());
         }
-        if tls.enabled() && !self.peers.is_empty() && tls.ca.is_none() {
-            return Err("a cluster with TLS needs tls.ca, the CA of its members' certificates: the peer port takes only members' certificates".into());
+        let has_peer_port = self.peer_listen.is_some() || !self.peers.is_empty();
+        if tls.enabled() && has_peer_port && tls.ca.is_none() {
+            return Err("a node with a peer port and TLS needs tls.ca, the CA of its members' certificates: without it the peer port could not tell members from anyone else".into());
         }
-        if tls.enabled() || self.insecure {
+        if self.insecure {
+            return Ok(());
+        }
+        let gossips = !self.peers.is_empty();
+        let gossip_ip = self
+            .gossip
+            .listen
+            .or(self.peer_listen)
+            .map_or(self.listen.ip(), |address| address.ip());
+        if gossips && !self.gossip.sealed() && !gossip_ip.is_loopback() {
+            return Err(format!(
+                "refusing to gossip on {gossip_ip} without a secret: anyone who can send it UDP could rewrite this node's view of the cluster. Give gossip.secret_file (`floret certs` writes gossip.key) or FLORET_GOSSIP_SECRET, or --insecure on a network only the cluster can reach"
+            ));
+        }
+        if tls.enabled() {
             return Ok(());
         }
         let exposed = std::iter::once(("listen", self.listen.ip()))
@@ -117,8 +147,12 @@ impl Config {
                 "limits.max_request_bytes plus batching.max_entry_bytes must stay under {frame_room} bytes (a raft entry must fit a log frame with room to spare)"
             ));
         }
-        if limits.max_batch_messages == 0 || limits.max_credits == 0 {
-            return Err("limits.max_batch_messages and limits.max_credits must be > 0".into());
+        if limits.max_batch_messages == 0 || limits.max_credits == 0 || limits.max_connections == 0
+        {
+            return Err(
+                "limits.max_batch_messages, limits.max_credits and limits.max_connections must be > 0"
+                    .into(),
+            );
         }
         let lease_timeout_ms = self.delivery.lease_timeout_ms;
         if lease_timeout_ms == 0 || lease_timeout_ms > 24 * 3600 * 1000 {

@@ -9,6 +9,8 @@
 //!   (`rate.rs` keeps the buckets).
 //! - Limits: a producer whose `max_messages` / `max_bytes` a produce would
 //!   pass is refused when the state machine applies it ([`over_limit`]).
+//! - Disk: a node whose data dir's filesystem has less than
+//!   `storage.min_free_bytes` free refuses every produce ([`check_disk`]).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Every producer over its share is throttled at once, not the one most
@@ -67,6 +69,23 @@ pub fn admit_on_full_node(
             room.stored_bytes, config.high_watermark_bytes
         ),
         retry_after: Duration::from_millis(config.retry_after_ms),
+    })
+}
+
+/// Wait suggested while the disk is short of room: about one free-space sample.
+pub const DISK_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Refuses a produce while the data dir's filesystem has `free_bytes`, less
+/// than `min_free_bytes`.
+pub fn check_disk(free_bytes: u64, min_free_bytes: u64) -> Result<(), RequestError> {
+    if free_bytes >= min_free_bytes {
+        return Ok(());
+    }
+    Err(RequestError::Exhausted {
+        message: format!(
+            "disk: this node's data dir has {free_bytes} bytes free, below storage.min_free_bytes ({min_free_bytes}); nothing was stored, produces are refused until space returns (acks and consumes go on)"
+        ),
+        retry_after: DISK_FULL_RETRY_AFTER,
     })
 }
 
@@ -147,6 +166,14 @@ mod tests {
             stored_bytes,
             producers,
         }
+    }
+
+    #[test]
+    fn produce_fills_the_disk_to_the_last_byte() {
+        assert!(check_disk(1_000, 1_000).is_ok());
+        let refused = check_disk(999, 1_000).unwrap_err();
+        assert!(refused.to_string().starts_with("disk:"), "{refused}");
+        assert_eq!(refused.retry_after(), Some(DISK_FULL_RETRY_AFTER));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Fair backpressure at node level, the reading side: sums the bytes and
 //! producers of every shard replica this node holds, remembers whether the
-//! node is throttling, and reads the producer's own bytes only while it is.
-//! The decisions are `admission.rs`'s.
+//! node is throttling, and reads the producer's own bytes only while it is;
+//! and the data dir's free space ([`DiskRoom`]), below
+//! `storage.min_free_bytes` of which every produce is refused. The
+//! decisions are `admission.rs`'s.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Only stored bytes count: the backlog lives on disk, so memory is not
@@ -16,6 +18,7 @@ use floret_store::ShardReader;
 
 use super::admission::{self, NodeRoom};
 use crate::config::BackpressureConfig;
+use crate::disk_room::DiskRoom;
 use crate::error::RequestError;
 
 /// Decides which produces a node short of room refuses.
@@ -23,15 +26,25 @@ pub struct Backpressure {
     config: BackpressureConfig,
     shards: Arc<Shards>,
     throttling: AtomicBool,
+    disk: DiskRoom,
+    min_free_bytes: u64,
 }
 
 impl Backpressure {
-    /// Backpressure over the replicas `shards` holds.
-    pub fn new(config: BackpressureConfig, shards: Arc<Shards>) -> Self {
+    /// Backpressure over the replicas `shards` holds, refusing everything
+    /// while `disk` has less than `min_free_bytes` free.
+    pub fn new(
+        config: BackpressureConfig,
+        shards: Arc<Shards>,
+        disk: DiskRoom,
+        min_free_bytes: u64,
+    ) -> Self {
         Self {
             config,
             shards,
             throttling: AtomicBool::new(false),
+            disk,
+            min_free_bytes,
         }
     }
 
@@ -46,6 +59,10 @@ impl Backpressure {
         weight: u32,
         messages: &[v1::Message],
     ) -> Result<(), RequestError> {
+        if let Err(refused) = admission::check_disk(self.disk.free_bytes(), self.min_free_bytes) {
+            metrics::counter!("floret_produce_refused_disk_total").increment(1);
+            return Err(refused);
+        }
         let room = self.room();
         let throttled = self.throttling.load(Ordering::Relaxed);
         let throttling = admission::throttles(&self.config, room, throttled);

@@ -1,6 +1,7 @@
 //! The node's gRPC services and the conversions at their edge.
 
 pub mod admin;
+mod connections;
 pub(crate) mod convert;
 mod credit_split;
 pub(crate) mod fan_in;

@@ -7,8 +7,10 @@
 //! until the node reports it ready; both drain open calls for a bounded
 //! time when the node stops.
 //!
-//! IMPLEMENTATION CAVEATS
-//! - Connections per port are not capped yet, only streams per connection.
+//! Each port keeps a bounded number of connections open (`connections.rs`):
+//! `limits.max_connections` on the client port, [`MAX_PEER_CONNECTIONS`]
+//! on the peer port; each connection carries at most
+//! [`MAX_CONCURRENT_STREAMS`] streams.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::admin::AdminService;
+use super::connections::cap;
 use super::floret::FloretService;
 use super::peer::PeerService;
 use super::peer_identity::identify_members;
@@ -37,7 +40,10 @@ const HTTP2_KEEPALIVE: Duration = Duration::from_secs(30);
 /// TCP keepalive on accepted sockets.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Concurrent streams per connection, so one client cannot pin unbounded resources.
-const MAX_CONCURRENT_STREAMS: u32 = 1_024;
+pub const MAX_CONCURRENT_STREAMS: u32 = 1_024;
+/// Connections open at once on the peer port: every other member keeps a
+/// channel or two, so this leaves room for a cluster of a hundred nodes.
+pub const MAX_PEER_CONNECTIONS: usize = 256;
 
 /// The services a node serves.
 pub struct Services {
@@ -51,6 +57,8 @@ pub struct Services {
     pub max_request_bytes: usize,
     /// Every member's id, for identifying callers on the peer port.
     pub members: Vec<floret_store::NodeId>,
+    /// Connections open at once on the client port.
+    pub max_client_connections: usize,
 }
 
 /// A server that cannot be set up.
@@ -73,7 +81,7 @@ pub enum ServerSetupError {
 pub struct Listeners {
     /// The client port.
     pub client: TcpListener,
-    /// The peer port; none for a one-node cluster, which has no peers.
+    /// The peer port; none for a one-node cluster given no `peer_listen`.
     pub peer: Option<TcpListener>,
 }
 
@@ -112,7 +120,14 @@ impl Server {
             .add_service(reflection)
             .add_service(floret)
             .add_service(admin)
-            .serve_with_incoming_shutdown(incoming(listeners.client), node_stops(stopped.clone()));
+            .serve_with_incoming_shutdown(
+                cap(
+                    incoming(listeners.client),
+                    services.max_client_connections,
+                    "client",
+                ),
+                node_stops(stopped.clone()),
+            );
         let peer_tls = tls.and_then(NodeTls::peer_port);
         let identify = identify_members(services.members, peer_tls.is_some());
         let peer_port = match listeners.peer {
@@ -123,7 +138,10 @@ impl Server {
                 Some(
                     builder("peer", peer_tls)?
                         .add_service(InterceptedService::new(peer, identify))
-                        .serve_with_incoming_shutdown(incoming(listener), node_stops(stopped)),
+                        .serve_with_incoming_shutdown(
+                            cap(incoming(listener), MAX_PEER_CONNECTIONS, "peer"),
+                            node_stops(stopped),
+                        ),
                 )
             }
             None => None,
@@ -221,22 +239,10 @@ fn builder(
             .tls_config(tls)
             .map_err(|error| ServerSetupError::Tls {
                 port,
-                reason: tls_reason(&error),
+                reason: floret_cluster::tls_error_chain(&error),
             }),
         None => Ok(builder),
     }
-}
-
-/// A TLS error with its causes: tonic's own message says only "transport error".
-fn tls_reason(error: &tonic::transport::Error) -> String {
-    let mut reason = error.to_string();
-    let mut cause = std::error::Error::source(error);
-    while let Some(inner) = cause {
-        reason.push_str(": ");
-        reason.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    reason
 }
 
 /// Resolves once the node starts to stop (or is gone).

@@ -238,6 +238,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let signature = Some(meta.signature());
         let image = TreeImage::from_bytes(&data)
             .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+        image.validate().map_err(|e| {
+            storage_error::read_snapshot(signature.clone(), &std::io::Error::other(e))
+        })?;
         let applied = encode(&AppliedState {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
