@@ -125,10 +125,12 @@ impl From<ProposeError> for RequestError {
     /// for it to drain.
     fn from(error: ProposeError) -> Self {
         match error {
-            ProposeError::ProducerQueueFull { .. } => Self::Exhausted {
-                message: error.to_string(),
-                retry_after: QUEUE_FULL_RETRY_AFTER,
-            },
+            ProposeError::ProducerQueueFull { .. } | ProposeError::ShardQueueFull { .. } => {
+                Self::Exhausted {
+                    message: error.to_string(),
+                    retry_after: QUEUE_FULL_RETRY_AFTER,
+                }
+            }
             ProposeError::NotLeader { .. }
             | ProposeError::HandingOver { .. }
             | ProposeError::Unavailable { .. } => Self::Unavailable {

@@ -164,6 +164,12 @@ impl Node {
     /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
     pub async fn start(config: Config, listeners: Listeners) -> Result<Self, NodeError> {
         config.validate()?;
+        if !config.peers.is_empty() && listeners.peer.is_none() {
+            return Err(crate::config::ConfigError::Invalid(
+                "a node of a cluster needs a peer listener (see bind_listeners)".into(),
+            )
+            .into());
+        }
         let address = listeners.client.local_addr().map_err(NodeError::Listener)?;
         let peer_address = listeners
             .peer

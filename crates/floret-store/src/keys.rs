@@ -50,6 +50,12 @@ pub const DELAY_TAG: u8 = b'T';
 /// First byte of every key of a run's removal marks.
 pub const REMOVED_TAG: u8 = b'X';
 
+/// Whether `key` belongs to this node's copy alone (the redo record of a
+/// write in progress, the payload pins): it never travels in a snapshot.
+pub fn is_node_local(key: &[u8]) -> bool {
+    key == REDO || key == PAYLOAD_PINS
+}
+
 /// Key of the removal marks of the run stored under `run_key`.
 pub fn removed(run_key: &[u8]) -> Vec<u8> {
     let mut key = run_key.to_vec();

@@ -375,8 +375,8 @@ impl ShardReader {
     /// A digest of the whole replica state (every key and value, in key
     /// order) and the number of keys: replicas that applied the same entries
     /// have the same digest. Messages count by their payload's length and
-    /// checksum, not by where the payload lies, and this node's own segment
-    /// counts are left out. It reads the tree while applies may go on, so
+    /// checksum, not by where the payload lies, and this node's own keys
+    /// (segment counts, a redo record) are left out. It reads the tree while applies may go on, so
     /// compare replicas only once they report the same applied index.
     pub fn digest(&self) -> Result<(u64, u64), StorageError> {
         use std::hash::{DefaultHasher, Hasher};
@@ -384,7 +384,7 @@ impl ShardReader {
         let mut keys = 0;
         for item in self.tree.iter() {
             let (key, value) = item.map_err(storage_error::read_state_machine)?;
-            if key == keys::PAYLOAD_PINS {
+            if keys::is_node_local(&key) {
                 continue;
             }
             hasher.write_usize(key.len());

@@ -54,12 +54,13 @@ impl TreeImage {
     /// Copies every pair of `tree` that replicas share: runs with their
     /// payloads read back from `log` and inline, since a replica that
     /// installs the image has no copy of this node's log; this node's own
-    /// segment counts left out.
+    /// keys left out (its segment counts, and the redo record of a write
+    /// that may be in progress while the image is taken).
     pub(crate) fn capture(tree: &ShardTree, log: &Wal) -> Result<Self, CaptureError> {
         let mut pairs = Vec::new();
         for item in tree.iter() {
             let (key, value) = item?;
-            if key == keys::PAYLOAD_PINS {
+            if keys::is_node_local(&key) {
                 continue;
             }
             let value = if key.first() == Some(&keys::MESSAGE_TAG) {
@@ -101,6 +102,13 @@ impl TreeImage {
             )));
         }
         decode("snapshot", body).map_err(io::Error::other)
+    }
+
+    /// Drops the pairs that belong to the sender's copy alone, which images
+    /// taken by older versions carry (a redo record installed on a replica
+    /// would be replayed over newer state at its next start).
+    pub fn drop_node_local_keys(&mut self) {
+        self.pairs.retain(|(key, _)| !keys::is_node_local(key));
     }
 
     /// Checks every pair before the image replaces a live tree: keys in

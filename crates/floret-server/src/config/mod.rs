@@ -428,6 +428,21 @@ mod tests {
             ..Config::default()
         };
         assert!(config.validate().is_err());
+        let listening_everywhere = Config {
+            listen: "0.0.0.0:7701".parse().unwrap(),
+            insecure: true,
+            peers: parse_peers("1=n1:7701,2=n2:7701").unwrap(),
+            ..Config::default()
+        };
+        let error = listening_everywhere.validate().unwrap_err();
+        assert!(error.to_string().contains("peer port"), "{error}");
+        let everywhere_on_the_peer_port = Config {
+            listen: "127.0.0.1:7701".parse().unwrap(),
+            peer_listen: Some("0.0.0.0:7701".parse().unwrap()),
+            insecure: true,
+            ..Config::default()
+        };
+        assert!(everywhere_on_the_peer_port.validate().is_err());
     }
 
     #[test]

@@ -243,6 +243,10 @@ pub struct BatchingConfig {
     pub max_queued_calls_per_producer: usize,
     /// Payload bytes one producer may have waiting for an entry on this node.
     pub max_queued_bytes_per_producer: usize,
+    /// Payload bytes all producers may have waiting for one shard's entries
+    /// on this node; past it, producers holding at least an equal share are
+    /// refused.
+    pub max_queued_bytes_per_shard: usize,
 }
 
 /// Raft timing, in milliseconds.
@@ -309,6 +313,7 @@ impl Default for BatchingConfig {
             commit_timeout_ms: 5_000,
             max_queued_calls_per_producer: 1_024,
             max_queued_bytes_per_producer: 64 * 1024 * 1024,
+            max_queued_bytes_per_shard: 256 * 1024 * 1024,
         }
     }
 }

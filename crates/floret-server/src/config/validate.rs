@@ -39,11 +39,7 @@ impl Config {
                 return Err(format!("peer {} has no address", peer.id));
             }
         }
-        let peer_port = self
-            .peer_listen
-            .map(|address| address.to_string())
-            .or_else(|| self.own_peer_address().map(str::to_owned));
-        if self.listen.port() != 0 && peer_port == Some(self.listen.to_string()) {
+        if self.listen.port() != 0 && self.peer_port_takes_the_client_port() {
             return Err(format!(
                 "the peer port ({}) must differ from the client port (listen): only the other nodes may reach it",
                 self.listen
@@ -73,6 +69,25 @@ impl Config {
             return Err("replication_factor must be > 0".into());
         }
         Ok(())
+    }
+
+    /// Whether the peer port would bind the client port's address: the
+    /// same port on the same interface, or on every interface.
+    fn peer_port_takes_the_client_port(&self) -> bool {
+        let peer = match self.peer_listen {
+            Some(address) => Some(address),
+            None => self
+                .own_peer_address()
+                .and_then(|own| own.rsplit_once(':'))
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .map(|port| std::net::SocketAddr::new(self.listen.ip(), port)),
+        };
+        peer.is_some_and(|peer| {
+            peer.port() == self.listen.port()
+                && (peer.ip() == self.listen.ip()
+                    || peer.ip().is_unspecified()
+                    || self.listen.ip().is_unspecified())
+        })
     }
 
     /// TLS settings that belong together; no plaintext port and no
@@ -170,9 +185,10 @@ impl Config {
             || batching.proposals_in_flight == 0
             || batching.commit_timeout_ms == 0
             || batching.max_queued_calls_per_producer == 0
+            || batching.max_queued_bytes_per_shard == 0
         {
             return Err(
-                "batching.max_entry_ops, batching.proposals_in_flight, batching.commit_timeout_ms and batching.max_queued_calls_per_producer must be > 0".into(),
+                "batching.max_entry_ops, batching.proposals_in_flight, batching.commit_timeout_ms, batching.max_queued_calls_per_producer and batching.max_queued_bytes_per_shard must be > 0".into(),
             );
         }
         let raft = &self.raft;

@@ -10,6 +10,10 @@
 //! - Each producer's line is bounded, by calls and by bytes. A call past
 //!   the bound is refused at once ([`LaneFull`]): the flooding producer
 //!   waits for its own line to drain, no one else does.
+//! - All producers' lines together are bounded in bytes: once they hold
+//!   the shard's bound, a call is refused if its producer already holds
+//!   at least an equal share of what waits (others still get in, so the
+//!   bound may be passed by less than one share per producer).
 //! - A call may be folded into the operation waiting last in its line (the
 //!   caller says when two fold: `proposer.rs` folds plain produces of one
 //!   producer), up to an entry's bytes: a flood of one-message calls then
@@ -54,15 +58,21 @@ pub struct LaneLimits {
     /// Most bytes one producer may have waiting (a larger call is still
     /// taken when its line is empty).
     pub producer_bytes: usize,
+    /// Bytes all producers' lines may hold before the producers holding
+    /// more than an equal share are refused.
+    pub shard_bytes: usize,
 }
 
-/// A producer's line is full: the call was not queued.
+/// A producer's line is full, or the shard's lines are and the producer
+/// holds its share: the call was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneFull {
     /// Calls waiting in the line.
     pub calls: usize,
     /// Bytes waiting in the line.
     pub bytes: usize,
+    /// Bytes waiting in all lines, when their bound refused the call.
+    pub shard_bytes: Option<usize>,
 }
 
 /// An operation waiting in a producer's line.
@@ -118,6 +128,8 @@ pub struct EntryLanes<T> {
     producers: HashMap<Lane, Line<T>>,
     /// Producers with operations waiting, in the order they take turns.
     turns: VecDeque<Lane>,
+    /// Bytes waiting in all producers' lines.
+    waiting_bytes: usize,
 }
 
 impl<T> EntryLanes<T> {
@@ -129,6 +141,7 @@ impl<T> EntryLanes<T> {
             settles: VecDeque::new(),
             producers: HashMap::new(),
             turns: VecDeque::new(),
+            waiting_bytes: 0,
         }
     }
 
@@ -154,23 +167,43 @@ impl<T> EntryLanes<T> {
             return Ok(());
         }
         let limits = self.limits;
+        let waiting_lines = self.producers.len().max(1);
         let line = self.producers.entry(lane.clone()).or_default();
         let full = |line: &Line<T>| {
             let over_bytes = line.calls > 0 && line.bytes + bytes > limits.producer_bytes;
             line.calls >= limits.producer_calls || over_bytes
         };
-        if full(line) {
+        let over_share = |line: &Line<T>, waiting: usize| {
+            waiting > 0
+                && waiting + bytes > limits.shard_bytes
+                && line.bytes >= waiting / waiting_lines
+        };
+        if full(line) || over_share(line, self.waiting_bytes) {
+            let before = line.bytes;
             line.drop_abandoned(self.abandoned);
+            self.waiting_bytes -= before - line.bytes;
         }
-        if full(line) {
+        let refused = if full(line) {
+            Some(None)
+        } else if over_share(line, self.waiting_bytes) {
+            Some(Some(self.waiting_bytes))
+        } else {
+            None
+        };
+        if let Some(shard_bytes) = refused {
             let full = LaneFull {
                 calls: line.calls,
                 bytes: line.bytes,
+                shard_bytes,
             };
+            if line.calls == 0 {
+                self.producers.remove(&lane);
+            }
             return Err((operation, full));
         }
         line.calls += 1;
         line.bytes += bytes;
+        self.waiting_bytes += bytes;
         let operation = match line.waiting.back_mut() {
             Some(last) if last.bytes + bytes <= limits.entry_bytes => {
                 match fold(&mut last.operation, operation) {
@@ -227,6 +260,7 @@ impl<T> EntryLanes<T> {
             };
             line.bytes -= waiting.bytes;
             line.calls -= waiting.calls;
+            self.waiting_bytes -= waiting.bytes;
             if !(self.abandoned)(&waiting.operation) {
                 bytes += waiting.bytes;
                 entry.push(waiting.operation);

@@ -11,7 +11,9 @@
 //! entry takes settles first, then the producers in turn, so a flood of
 //! calls from one producer does not delay another's produce by more than an
 //! entry, and a producer past its bound of waiting calls is refused
-//! ([`ProposeError::ProducerQueueFull`]). An operation whose callers all
+//! ([`ProposeError::ProducerQueueFull`]), as is one holding its share
+//! when all lines together hold the shard's bound of bytes
+//! ([`ProposeError::ShardQueueFull`]). An operation whose callers all
 //! went away before its entry was composed is not proposed. Plain produces
 //! (no idempotency sequence) of one producer waiting in its line are
 //! folded into one operation, each caller answered with its own sequences.
@@ -75,6 +77,21 @@ pub enum ProposeError {
         calls: usize,
         /// Their bytes.
         bytes: usize,
+    },
+    /// The shard's lines hold their bound, and the producer at least its
+    /// share of it; nothing was proposed.
+    #[error(
+        "shard {shard} has {waiting} bytes of produce calls waiting on this node (batching.max_queued_bytes_per_shard), and producer {producer:?} holds {bytes} of them, at least its share; nothing was stored, retry later (producers under their share are still accepted)"
+    )]
+    ShardQueueFull {
+        /// The shard.
+        shard: ShardId,
+        /// The producer.
+        producer: String,
+        /// Its bytes waiting.
+        bytes: usize,
+        /// Bytes waiting from every producer.
+        waiting: usize,
     },
     /// The raft group stopped or failed; the outcome is unknown.
     #[error("shard {shard} cannot commit: {reason}")]
@@ -230,6 +247,7 @@ async fn run(
         entry_bytes: batching.max_entry_bytes,
         producer_calls: batching.max_queued_calls_per_producer,
         producer_bytes: batching.max_queued_bytes_per_producer,
+        shard_bytes: batching.max_queued_bytes_per_shard,
     };
     let mut lanes = EntryLanes::new(limits, abandoned);
     loop {
@@ -257,7 +275,7 @@ async fn run(
 /// Puts `proposal` in its line, or refuses it when its producer's line is full.
 fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (Lane, Proposal)) {
     let bytes = proposal.bytes;
-    if let Err((refused, LaneFull { calls, bytes })) = lanes.push(lane, proposal, bytes, fold) {
+    if let Err((refused, full)) = lanes.push(lane, proposal, bytes, fold) {
         metrics::counter!("floret_produce_queue_full_total").increment(1);
         let producer = match &refused.op {
             Op::Enqueue(enqueue) | Op::EnqueueDelayed(DelayedEnqueue { enqueue, .. }) => {
@@ -265,11 +283,24 @@ fn queue(shard: ShardId, lanes: &mut EntryLanes<Proposal>, (lane, proposal): (La
             }
             _ => String::new(),
         };
-        let error = ProposeError::ProducerQueueFull {
-            shard,
-            producer,
+        let LaneFull {
             calls,
             bytes,
+            shard_bytes,
+        } = full;
+        let error = match shard_bytes {
+            None => ProposeError::ProducerQueueFull {
+                shard,
+                producer,
+                calls,
+                bytes,
+            },
+            Some(waiting) => ProposeError::ShardQueueFull {
+                shard,
+                producer,
+                bytes,
+                waiting,
+            },
         };
         for (reply, _) in refused.callers {
             let _caller_gone = reply.send(Err(error.clone()));

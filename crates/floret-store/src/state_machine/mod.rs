@@ -236,8 +236,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let signature = Some(meta.signature());
-        let image = TreeImage::from_bytes(&data)
+        let mut image = TreeImage::from_bytes(&data)
             .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+        image.drop_node_local_keys();
         image.validate().map_err(|e| {
             storage_error::read_snapshot(signature.clone(), &std::io::Error::other(e))
         })?;

@@ -275,6 +275,55 @@ async fn snapshot_carries_payloads_to_a_replica_without_this_log() {
     assert_eq!(target.wal().pins_of(SHARD), SegmentRuns::new());
 }
 
+#[tokio::test]
+async fn snapshot_taken_mid_write_replays_the_senders_redo_record_on_the_replica() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let target_dir = tempfile::tempdir().unwrap();
+    let source = Database::open(source_dir.path()).unwrap();
+    append_and_apply(&source, enqueue(1, "a", &[payload(1)]), true).await;
+    let mut state_machine = source.state_machine(SHARD, None).unwrap();
+    let mut write_in_progress = crate::change_set::ChangeSet::default();
+    write_in_progress.insert(crate::keys::REDO.to_vec(), b"a redo record".to_vec());
+    state_machine
+        .reader()
+        .tree()
+        .apply(write_in_progress)
+        .unwrap();
+    let snapshot = state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let image = crate::snapshot::TreeImage::from_bytes(snapshot.snapshot.get_ref()).unwrap();
+    assert!(
+        image
+            .pairs
+            .iter()
+            .all(|(key, _)| !crate::keys::is_node_local(key)),
+        "the image carries this node's own keys"
+    );
+
+    let mut older_image = image;
+    older_image
+        .pairs
+        .push((crate::keys::REDO.to_vec(), b"an older sender's".to_vec()));
+    older_image.pairs.sort();
+    let target = Database::open(target_dir.path()).unwrap();
+    let mut installer = target.state_machine(SHARD, None).unwrap();
+    installer
+        .install_snapshot(
+            &snapshot.meta,
+            Box::new(std::io::Cursor::new(older_image.to_bytes())),
+        )
+        .await
+        .expect("an image with the sender's redo record is installed without it");
+    assert_eq!(
+        installer.reader().tree().get(crate::keys::REDO).unwrap(),
+        None
+    );
+}
+
 /// Applies the log's entries `indexes` again, as openraft does after a restart.
 async fn apply_again(database: &Database, indexes: std::ops::RangeInclusive<u64>) {
     let entries = database

@@ -2,7 +2,8 @@
 //! followed by the lines it must print (`> ...`):
 //!
 //! - `push PRODUCER NAME BYTES` queues an operation in the producer's line
-//!   (prints nothing, or `refused NAME: C calls, B bytes waiting`); a NAME
+//!   (prints nothing, or `refused NAME: C calls, B bytes waiting`, with
+//!   `(all lines hold S)` when the shard's bound refused it); a NAME
 //!   starting with `+` folds into the line's last operation when it may;
 //! - `settle NAME BYTES` queues a settling operation;
 //! - `gone NAME` marks an operation's caller as gone: it is not proposed,
@@ -27,10 +28,15 @@ const LIMITS: LaneLimits = LaneLimits {
     entry_bytes: 100,
     producer_calls: 3,
     producer_bytes: 150,
+    shard_bytes: 10_000,
 };
 
 fn run(script: &str) {
-    let mut lanes = EntryLanes::new(LIMITS, |op: &ScriptOp| op.gone.get());
+    run_under(LIMITS, script);
+}
+
+fn run_under(limits: LaneLimits, script: &str) {
+    let mut lanes = EntryLanes::new(limits, |op: &ScriptOp| op.gone.get());
     let mut callers: HashMap<String, Rc<Cell<bool>>> = HashMap::new();
     let mut op = |name: &str| {
         let gone = callers.entry(name.to_owned()).or_default().clone();
@@ -63,8 +69,12 @@ fn run(script: &str) {
                     }
                 };
                 if let Err((_, full)) = lanes.push(lane, op(name), size(bytes), fold) {
+                    let shard = full
+                        .shard_bytes
+                        .map(|waiting| format!(" (all lines hold {waiting})"))
+                        .unwrap_or_default();
                     printed.push(format!(
-                        "refused {name}: {} calls, {} bytes waiting",
+                        "refused {name}: {} calls, {} bytes waiting{shard}",
                         full.calls, full.bytes
                     ));
                 }
@@ -236,4 +246,28 @@ fn a_line_emptied_of_gone_calls_does_not_take_two_turns() {
         entry
         > entry:
     ");
+}
+
+#[test]
+fn many_producers_queue_without_bound_until_memory_runs_out() {
+    let limits = LaneLimits {
+        shard_bytes: 200,
+        ..LIMITS
+    };
+    run_under(
+        limits,
+        "
+        push a a1 60
+        push b b1 60
+        push c c1 60
+        push a a2 60
+        > refused a2: 1 calls, 60 bytes waiting (all lines hold 180)
+        push d d1 60
+        push d d2 60
+        > refused d2: 1 calls, 60 bytes waiting (all lines hold 240)
+        entry
+        > entry: a1 b1
+        push a a2 60
+        ",
+    );
 }
