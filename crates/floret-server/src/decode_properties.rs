@@ -44,7 +44,7 @@ proptest! {
             let _ = raft_inputs::check_append(&append);
         }
         if let Ok(chunk) = decode::<InstallSnapshotRequest<TypeConfig>>(&payload) {
-            let _ = SnapshotChunks::new(1 << 20).admit(0, &chunk);
+            let _ = SnapshotChunks::new(1 << 20).admit(0, &chunk, floret_store::check_image);
         }
         let _ = decode::<Op>(&payload);
     }

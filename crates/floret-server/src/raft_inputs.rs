@@ -8,13 +8,19 @@
 //! would allocate that much: a chunk must start at or before the bytes
 //! received so far of its snapshot (a resent chunk may repeat some), the
 //! first chunk of a snapshot at 0, and no snapshot may grow past its cap.
+//! The chunks of a snapshot are kept as they arrive, and the whole image
+//! is checked (checksum, every pair) before its last chunk is handed to
+//! openraft: openraft's install of a bad image would stop the shard's
+//! replica, while a refused chunk is only sent again.
 //!
 //! Pure: the peer service (`service/peer.rs`) keeps a [`SnapshotChunks`]
 //! per node and asks it.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - A snapshot whose sender gave up stays recorded (one entry per shard)
-//!   until another snapshot of that shard starts.
+//! - A snapshot whose sender gave up stays recorded (one entry per shard),
+//!   its bytes included, until another snapshot of that shard starts.
+//! - A snapshot being received is held twice in memory: here and in
+//!   openraft's buffer.
 
 use std::collections::HashMap;
 
@@ -46,6 +52,14 @@ pub enum RaftInputError {
         offset: u64,
         /// Bytes of that snapshot received so far (0 when none).
         received: u64,
+    },
+    /// A snapshot whose whole image cannot be installed.
+    #[error("snapshot {snapshot_id} cannot be installed: {why}")]
+    BadImage {
+        /// The snapshot.
+        snapshot_id: String,
+        /// What is wrong with it.
+        why: String,
     },
     /// A snapshot larger than the cap.
     #[error(
@@ -107,6 +121,8 @@ struct Receiving {
     /// Its last chunk came: only resends of what was received are taken
     /// (the answer to the last chunk may have been lost).
     done: bool,
+    /// The bytes received so far, until the last chunk came.
+    image: Vec<u8>,
 }
 
 impl SnapshotChunks {
@@ -119,11 +135,15 @@ impl SnapshotChunks {
     }
 
     /// Checks a chunk for `shard` and records it as received: openraft may
-    /// then write it. A chunk openraft refuses is simply sent again.
+    /// then write it. A chunk openraft refuses is simply sent again. The
+    /// chunk that completes a snapshot is taken only if `check_image` takes
+    /// the whole image; otherwise the snapshot is forgotten, and its sender
+    /// must start again.
     pub fn admit(
         &mut self,
         shard: ShardId,
         chunk: &InstallSnapshotRequest<TypeConfig>,
+        check_image: impl FnOnce(&[u8]) -> Result<(), String>,
     ) -> Result<(), RaftInputError> {
         check_vote(&chunk.vote)?;
         check_log_id(chunk.meta.last_log_id.as_ref())?;
@@ -149,14 +169,36 @@ impl SnapshotChunks {
                 max: self.max_snapshot_bytes,
             });
         }
-        self.receiving.insert(
-            shard,
-            Receiving {
+        let receiving = self.receiving.entry(shard).or_insert_with(|| Receiving {
+            snapshot_id: snapshot_id.clone(),
+            received: 0,
+            done: false,
+            image: Vec::new(),
+        });
+        if &receiving.snapshot_id != snapshot_id {
+            *receiving = Receiving {
                 snapshot_id: snapshot_id.clone(),
-                received: received.max(end),
-                done: chunk.done || done,
-            },
-        );
+                received: 0,
+                done: false,
+                image: Vec::new(),
+            };
+        }
+        if !done && end > received {
+            let new_from = (received - chunk.offset) as usize;
+            receiving.image.extend_from_slice(&chunk.data[new_from..]);
+        }
+        receiving.received = received.max(end);
+        if chunk.done && !done {
+            let image = std::mem::take(&mut receiving.image);
+            if let Err(why) = check_image(&image) {
+                self.receiving.remove(&shard);
+                return Err(RaftInputError::BadImage {
+                    snapshot_id: snapshot_id.clone(),
+                    why,
+                });
+            }
+            receiving.done = true;
+        }
         Ok(())
     }
 }
@@ -187,6 +229,11 @@ mod tests {
             data: vec![0; len],
             done,
         }
+    }
+
+    /// An image check that takes any image.
+    fn any_image(_: &[u8]) -> Result<(), String> {
+        Ok(())
     }
 
     #[test]
@@ -223,24 +270,44 @@ mod tests {
     fn chunk_far_past_the_received_bytes_would_allocate_its_offset() {
         let mut chunks = SnapshotChunks::new(1 << 30);
         assert!(matches!(
-            chunks.admit(0, &chunk("s1", 1 << 40, 10, false)),
+            chunks.admit(0, &chunk("s1", 1 << 40, 10, false), any_image),
             Err(RaftInputError::ChunkOutOfPlace { received: 0, .. })
         ));
-        chunks.admit(0, &chunk("s1", 0, 100, false)).unwrap();
-        assert!(chunks.admit(0, &chunk("s1", 101, 10, false)).is_err());
-        chunks.admit(0, &chunk("s1", 100, 100, false)).unwrap();
+        chunks
+            .admit(0, &chunk("s1", 0, 100, false), any_image)
+            .unwrap();
+        assert!(
+            chunks
+                .admit(0, &chunk("s1", 101, 10, false), any_image)
+                .is_err()
+        );
+        chunks
+            .admit(0, &chunk("s1", 100, 100, false), any_image)
+            .unwrap();
     }
 
     #[test]
     fn resent_chunk_is_taken_again() {
         let mut chunks = SnapshotChunks::new(1 << 30);
-        chunks.admit(0, &chunk("s1", 0, 100, false)).unwrap();
-        chunks.admit(0, &chunk("s1", 100, 100, false)).unwrap();
-        chunks.admit(0, &chunk("s1", 100, 100, false)).unwrap();
-        chunks.admit(0, &chunk("s1", 200, 50, true)).unwrap();
-        chunks.admit(0, &chunk("s1", 200, 50, true)).unwrap();
+        chunks
+            .admit(0, &chunk("s1", 0, 100, false), any_image)
+            .unwrap();
+        chunks
+            .admit(0, &chunk("s1", 100, 100, false), any_image)
+            .unwrap();
+        chunks
+            .admit(0, &chunk("s1", 100, 100, false), any_image)
+            .unwrap();
+        chunks
+            .admit(0, &chunk("s1", 200, 50, true), any_image)
+            .unwrap();
+        chunks
+            .admit(0, &chunk("s1", 200, 50, true), any_image)
+            .unwrap();
         assert!(
-            chunks.admit(0, &chunk("s1", 250, 10, false)).is_err(),
+            chunks
+                .admit(0, &chunk("s1", 250, 10, false), any_image)
+                .is_err(),
             "a finished snapshot takes no more chunks"
         );
     }
@@ -248,25 +315,68 @@ mod tests {
     #[test]
     fn new_snapshot_starts_at_zero_and_shards_are_apart() {
         let mut chunks = SnapshotChunks::new(1 << 30);
-        chunks.admit(0, &chunk("s1", 0, 100, false)).unwrap();
-        chunks.admit(1, &chunk("t1", 0, 10, false)).unwrap();
-        assert!(chunks.admit(0, &chunk("s2", 100, 10, false)).is_err());
-        chunks.admit(0, &chunk("s2", 0, 10, false)).unwrap();
-        chunks.admit(1, &chunk("t1", 10, 10, false)).unwrap();
+        chunks
+            .admit(0, &chunk("s1", 0, 100, false), any_image)
+            .unwrap();
+        chunks
+            .admit(1, &chunk("t1", 0, 10, false), any_image)
+            .unwrap();
+        assert!(
+            chunks
+                .admit(0, &chunk("s2", 100, 10, false), any_image)
+                .is_err()
+        );
+        chunks
+            .admit(0, &chunk("s2", 0, 10, false), any_image)
+            .unwrap();
+        chunks
+            .admit(1, &chunk("t1", 10, 10, false), any_image)
+            .unwrap();
     }
 
     #[test]
     fn chunks_growing_a_snapshot_past_the_cap_are_refused() {
         let mut chunks = SnapshotChunks::new(150);
-        chunks.admit(0, &chunk("s1", 0, 100, false)).unwrap();
+        chunks
+            .admit(0, &chunk("s1", 0, 100, false), any_image)
+            .unwrap();
         assert!(matches!(
-            chunks.admit(0, &chunk("s1", 100, 100, false)),
+            chunks.admit(0, &chunk("s1", 100, 100, false), any_image),
             Err(RaftInputError::SnapshotTooLarge {
                 bytes: 200,
                 max: 150,
                 ..
             })
         ));
-        chunks.admit(0, &chunk("s1", 100, 50, true)).unwrap();
+        chunks
+            .admit(0, &chunk("s1", 100, 50, true), any_image)
+            .unwrap();
+    }
+
+    #[test]
+    fn bad_image_stops_the_replica_that_installs_it() {
+        let mut chunks = SnapshotChunks::new(1 << 20);
+        chunks
+            .admit(0, &chunk("s1", 0, 100, false), any_image)
+            .unwrap();
+        let mut seen = Vec::new();
+        let refused = chunks.admit(0, &chunk("s1", 50, 80, true), |image| {
+            seen = image.to_vec();
+            Err("fails its checksum".into())
+        });
+        assert_eq!(seen.len(), 130, "the whole image, resent bytes once");
+        assert!(
+            matches!(refused, Err(RaftInputError::BadImage { ref why, .. }) if why.contains("checksum")),
+            "{refused:?}"
+        );
+        assert!(
+            chunks
+                .admit(0, &chunk("s1", 100, 30, true), any_image)
+                .is_err(),
+            "a refused snapshot is sent again from its start"
+        );
+        chunks
+            .admit(0, &chunk("s1", 0, 130, true), any_image)
+            .unwrap();
     }
 }

@@ -49,6 +49,6 @@ pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
 pub use reader::{BacklogTotals, ProducerEntry, ShardReader};
 pub use resting::{LoggedPayload, RestingError};
-pub use snapshot::{CaptureError, SnapshotFile, SnapshotMeta, TreeImage};
+pub use snapshot::{CaptureError, SnapshotFile, SnapshotMeta, TreeImage, check_image};
 pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};
 pub use types::*;

@@ -260,7 +260,7 @@ impl Peer for PeerService {
             self.snapshot_chunks
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .admit(shard, chunk)
+                .admit(shard, chunk, floret_store::check_image)
         };
         self.relay(
             request,
