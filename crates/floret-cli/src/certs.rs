@@ -192,6 +192,12 @@ fn make(
     Ok(files)
 }
 
+/// Writes a new gossip secret into `dir` (for a set of certificates made
+/// before `floret certs` wrote one).
+pub fn write_gossip_key(dir: &Path) -> anyhow::Result<()> {
+    write_new(&dir.join("gossip.key"), &gossip_secret()?, true)
+}
+
 /// 32 random bytes in hex, and a newline.
 fn gossip_secret() -> anyhow::Result<String> {
     use ring::rand::SecureRandom;

@@ -74,6 +74,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 certs.display()
             );
         }
+        if !certs.join("gossip.key").exists() {
+            crate::certs::write_gossip_key(&certs)?;
+        }
     } else if !args.plaintext {
         let nodes: Vec<u64> = (1..=u64::from(args.nodes)).collect();
         let names: Vec<String> = match args.host.is_loopback() {

@@ -2,9 +2,11 @@
 //! HMAC-SHA256 tag under the cluster's gossip secret ([`GossipSecret`]), and
 //! the byte and drop counts ([`Traffic`]).
 //!
-//! A datagram is chitchat's encoded message followed by its 32-byte tag.
-//! One whose tag does not verify (a stranger's, a spoofed one, one of
-//! another cluster) is dropped before chitchat sees it, and counted.
+//! A datagram is chitchat's encoded message, its sending time and a 32-byte
+//! tag over both. One whose tag does not verify (a stranger's, a spoofed
+//! one, one of another cluster) or whose time is more than
+//! [`MAX_CLOCK_SKEW_MS`] from the receiver's clock (a replay) is dropped
+//! before chitchat sees it, and counted.
 //! chitchat keeps its encoding to itself, so it encodes and decodes on a
 //! loopback socket of its own and a relay seals and opens what passes
 //! between that socket and the network ([`SealedSocket`]). Without a
@@ -14,11 +16,13 @@
 //! IMPLEMENTATION CAVEATS
 //! - A process on the same host that can spoof loopback source addresses
 //!   could reach chitchat's socket directly.
-//! - A recorded datagram can be replayed; chitchat ignores state older
-//!   than what it has, so a replay can only repeat what the node already knew.
-//! - The tag makes a datagram 32 bytes longer than chitchat plans for; a
-//!   node's state near the 64 KiB datagram limit (thousands of queues)
-//!   would no longer fit.
+//! - A recorded datagram can be replayed within the clock-skew window;
+//!   chitchat ignores state older than what it has, so a replay can only
+//!   repeat what the node already knew.
+//! - The seal makes a datagram 40 bytes longer than chitchat plans for:
+//!   chitchat fills a catch-up datagram up to UDP's limit once the
+//!   cluster's gossiped state passes about 64 KiB (thousands of queues),
+//!   and such a datagram is dropped (counted, logged) instead of sent.
 
 use std::io;
 use std::net::SocketAddr;
@@ -27,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use chitchat::ChitchatEnvelope;
@@ -35,6 +40,18 @@ use ring::hmac;
 
 /// Length of the tag that ends a sealed datagram.
 pub const TAG_BYTES: usize = 32;
+/// Bytes a seal adds: the sending time (ms since the Unix epoch, u64 le)
+/// and the tag over the payload and that time.
+pub const SEAL_BYTES: usize = 8 + TAG_BYTES;
+/// How far a datagram's sending time may be from the receiver's clock: a
+/// recorded datagram can be replayed only within this window. Members'
+/// clocks must agree within it (NTP does).
+pub const MAX_CLOCK_SKEW_MS: u64 = 30_000;
+/// Largest payload UDP carries.
+const MAX_UDP_PAYLOAD: usize = 65_507;
+/// Most peers with a relay socket at once; the least recently used goes
+/// when another is needed (a restarted peer comes back on a new port).
+const MAX_RELAYS: usize = 256;
 /// Shortest secret taken: 128 bits.
 pub const MIN_SECRET_BYTES: usize = 16;
 /// Largest datagram received (UDP's own limit).
@@ -62,18 +79,22 @@ impl GossipSecret {
         Ok(Self(hmac::Key::new(hmac::HMAC_SHA256, secret)))
     }
 
-    /// `payload` followed by its tag.
-    pub fn seal(&self, payload: &mut Vec<u8>) {
+    /// `payload` followed by `now_ms` (the sending time) and the tag over both.
+    pub fn seal(&self, payload: &mut Vec<u8>, now_ms: u64) {
+        payload.extend_from_slice(&now_ms.to_le_bytes());
         let tag = hmac::sign(&self.0, payload);
         payload.extend_from_slice(tag.as_ref());
     }
 
-    /// The payload of a sealed `datagram`, if its tag verifies.
-    pub fn open<'a>(&self, datagram: &'a [u8]) -> Option<&'a [u8]> {
+    /// The payload of a sealed `datagram`, if its tag verifies and it was
+    /// sent within [`MAX_CLOCK_SKEW_MS`] of `now_ms`.
+    pub fn open<'a>(&self, datagram: &'a [u8], now_ms: u64) -> Option<&'a [u8]> {
         let split = datagram.len().checked_sub(TAG_BYTES)?;
-        let (payload, tag) = datagram.split_at(split);
-        hmac::verify(&self.0, payload, tag).ok()?;
-        Some(payload)
+        let (signed, tag) = datagram.split_at(split);
+        hmac::verify(&self.0, signed, tag).ok()?;
+        let (payload, sent) = signed.split_last_chunk::<8>()?;
+        let sent_ms = u64::from_le_bytes(*sent);
+        (sent_ms.abs_diff(now_ms) <= MAX_CLOCK_SKEW_MS).then_some(payload)
     }
 }
 
@@ -182,11 +203,18 @@ struct Relays {
 /// Per peer, the loopback socket that stands for it towards chitchat's.
 #[derive(Default)]
 struct RelayTable {
-    by_peer: HashMap<SocketAddr, Arc<tokio::net::UdpSocket>>,
+    by_peer: HashMap<SocketAddr, Relay>,
     /// A relay socket's address -> its peer.
     by_relay: HashMap<SocketAddr, SocketAddr>,
-    /// The tasks sealing what chitchat sends through each relay socket.
-    senders: Vec<tokio::task::JoinHandle<()>>,
+    /// The socket was dropped: no relay may be made any more.
+    closed: bool,
+}
+
+/// One peer's relay socket and the task sealing what chitchat sends it.
+struct Relay {
+    socket: Arc<tokio::net::UdpSocket>,
+    sender: tokio::task::JoinHandle<()>,
+    last_used: Instant,
 }
 
 impl SealedSocket {
@@ -218,9 +246,12 @@ impl SealedSocket {
 impl Drop for SealedSocket {
     fn drop(&mut self) {
         self.receiver.abort();
-        for sender in self.relays.table().senders.drain(..) {
-            sender.abort();
+        let mut table = self.relays.table();
+        table.closed = true;
+        for (_, relay) in table.by_peer.drain() {
+            relay.sender.abort();
         }
+        table.by_relay.clear();
     }
 }
 
@@ -274,6 +305,13 @@ fn loopback(listen: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Milliseconds since the Unix epoch, the time seals carry.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
 impl Relays {
     fn table(&self) -> std::sync::MutexGuard<'_, RelayTable> {
         self.table
@@ -290,46 +328,72 @@ impl Relays {
                 Ok(received) => received,
                 Err(error) if is_transient(&error) => continue,
                 Err(error) => {
-                    tracing::error!(%error, "gossip socket failed; gossip stops");
+                    tracing::error!(%error, "gossip socket failed; this node hears no gossip any more");
                     return;
                 }
             };
             self.traffic
                 .received
                 .fetch_add(len as u64, Ordering::Relaxed);
-            let Some(payload) = self.secret.open(&datagram[..len]) else {
+            let Some(payload) = self.secret.open(&datagram[..len], now_ms()) else {
                 self.traffic.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%from, bytes = len, "gossip datagram dropped: its tag does not verify");
+                tracing::debug!(%from, bytes = len, "gossip datagram dropped: its tag does not verify or its time is out of the window");
                 continue;
             };
             match self.relay_for(from).await {
                 Ok(relay) => {
-                    let _full_or_gone = relay.send_to(payload, self.inner).await;
+                    if relay.send_to(payload, self.inner).await.is_err() {
+                        self.traffic.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 Err(error) => tracing::warn!(%error, %from, "cannot relay gossip"),
             }
         }
     }
 
-    /// The loopback socket standing for `peer`, made on first use.
+    /// The loopback socket standing for `peer`, made on first use; past
+    /// [`MAX_RELAYS`] the least recently used one goes.
     async fn relay_for(
         self: &Arc<Self>,
         peer: SocketAddr,
     ) -> io::Result<Arc<tokio::net::UdpSocket>> {
-        if let Some(relay) = self.table().by_peer.get(&peer) {
-            return Ok(relay.clone());
+        if let Some(relay) = self.table().by_peer.get_mut(&peer) {
+            relay.last_used = Instant::now();
+            return Ok(relay.socket.clone());
         }
-        let relay = Arc::new(tokio::net::UdpSocket::bind(loopback(self.inner)).await?);
-        let address = relay.local_addr()?;
+        let socket = Arc::new(tokio::net::UdpSocket::bind(loopback(self.inner)).await?);
+        let address = socket.local_addr()?;
         let mut table = self.table();
-        if let Some(made_meanwhile) = table.by_peer.get(&peer) {
-            return Ok(made_meanwhile.clone());
+        if table.closed {
+            return Err(io::Error::other("the gossip socket is closed"));
         }
-        table.by_peer.insert(peer, relay.clone());
+        if let Some(made_meanwhile) = table.by_peer.get(&peer) {
+            return Ok(made_meanwhile.socket.clone());
+        }
+        if table.by_peer.len() >= MAX_RELAYS {
+            let oldest = table
+                .by_peer
+                .iter()
+                .min_by_key(|(_, relay)| relay.last_used)
+                .map(|(&peer, _)| peer);
+            if let Some(relay) = oldest.and_then(|oldest| table.by_peer.remove(&oldest)) {
+                relay.sender.abort();
+                if let Ok(address) = relay.socket.local_addr() {
+                    table.by_relay.remove(&address);
+                }
+            }
+        }
+        let sender = tokio::spawn(self.clone().seal_towards(peer, socket.clone()));
         table.by_relay.insert(address, peer);
-        let sender = tokio::spawn(self.clone().seal_towards(peer, relay.clone()));
-        table.senders.push(sender);
-        Ok(relay)
+        table.by_peer.insert(
+            peer,
+            Relay {
+                socket: socket.clone(),
+                sender,
+                last_used: Instant::now(),
+            },
+        );
+        Ok(socket)
     }
 
     /// Seals what chitchat sends through `relay` and sends it to `peer`.
@@ -347,8 +411,13 @@ impl Relays {
             if from != self.inner {
                 continue;
             }
+            if len + SEAL_BYTES > MAX_UDP_PAYLOAD {
+                self.traffic.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, bytes = len, "gossip datagram too large to seal; not sent (too much gossiped state)");
+                continue;
+            }
             let mut sealed = datagram[..len].to_vec();
-            self.secret.seal(&mut sealed);
+            self.secret.seal(&mut sealed, now_ms());
             match self.outer.send_to(&sealed, peer).await {
                 Ok(sent) => {
                     self.traffic.sent.fetch_add(sent as u64, Ordering::Relaxed);
@@ -374,17 +443,31 @@ mod tests {
     #[test]
     fn datagram_with_a_forged_or_missing_tag_is_opened() {
         let secret = GossipSecret::new(b"sixteen bytes ok").unwrap();
+        let now = 1_796_000_000_000;
         let mut datagram = b"chitchat envelope".to_vec();
-        secret.seal(&mut datagram);
-        assert_eq!(secret.open(&datagram), Some(&b"chitchat envelope"[..]));
+        secret.seal(&mut datagram, now);
+        assert_eq!(datagram.len(), 17 + SEAL_BYTES);
+        assert_eq!(secret.open(&datagram, now), Some(&b"chitchat envelope"[..]));
 
         let other = GossipSecret::new(b"another cluster's secret").unwrap();
-        assert_eq!(other.open(&datagram), None);
+        assert_eq!(other.open(&datagram, now), None);
         let mut flipped = datagram.clone();
         flipped[3] ^= 1;
-        assert_eq!(secret.open(&flipped), None);
-        assert_eq!(secret.open(b"short"), None);
-        assert_eq!(secret.open(&datagram[..datagram.len() - 1]), None);
+        assert_eq!(secret.open(&flipped, now), None);
+        assert_eq!(secret.open(b"short", now), None);
+        assert_eq!(secret.open(&datagram[..datagram.len() - 1], now), None);
         assert!(GossipSecret::new(b"too short").is_err());
+    }
+
+    #[test]
+    fn recorded_datagram_replayed_an_hour_later_is_opened() {
+        let secret = GossipSecret::new(b"sixteen bytes ok").unwrap();
+        let sent = 1_796_000_000_000;
+        let mut datagram = b"a syn".to_vec();
+        secret.seal(&mut datagram, sent);
+        assert!(secret.open(&datagram, sent + MAX_CLOCK_SKEW_MS).is_some());
+        assert!(secret.open(&datagram, sent - MAX_CLOCK_SKEW_MS).is_some());
+        assert_eq!(secret.open(&datagram, sent + 3_600_000), None);
+        assert_eq!(secret.open(&datagram, sent - MAX_CLOCK_SKEW_MS - 1), None);
     }
 }

@@ -8,8 +8,9 @@
 //! [`BYTES_REFRESH`]), the recent dispatch rate and the consumers here.
 //! Gossip's own traffic is exported as the `floret_gossip_sent_bytes_total`
 //! and `floret_gossip_received_bytes_total` metrics, and the datagrams it
-//! dropped (a tag that does not verify under the cluster's secret, or
-//! undecodable) as `floret_gossip_dropped_datagrams_total`.
+//! dropped (a tag that does not verify under the cluster's secret, a
+//! timestamp out of its window, too large to seal) as
+//! `floret_gossip_dropped_datagrams_total`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A one-node cluster runs no gossip; its services see no view.

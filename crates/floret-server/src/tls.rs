@@ -9,12 +9,17 @@
 //! - The client port does not ask clients for certificates yet.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use floret_cluster::{MemberTls, member_name, pem_names_member};
 use floret_store::NodeId;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::config::TlsSettings;
+
+/// How long a connection may take to finish its TLS handshake: one that
+/// sends nothing must not hold its place under the connection cap.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// TLS material that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +87,9 @@ impl NodeTls {
 
     /// The client port's TLS: this node's certificate.
     pub fn client_port(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new().identity(self.identity.clone())
+        ServerTlsConfig::new()
+            .identity(self.identity.clone())
+            .timeout(HANDSHAKE_TIMEOUT)
     }
 
     /// The peer port's mutual TLS: callers must present a certificate of
@@ -92,7 +99,8 @@ impl NodeTls {
         Some(
             ServerTlsConfig::new()
                 .identity(self.identity.clone())
-                .client_ca_root(ca),
+                .client_ca_root(ca)
+                .timeout(HANDSHAKE_TIMEOUT),
         )
     }
 

@@ -196,7 +196,7 @@ impl<T> EntryLanes<T> {
                 bytes: line.bytes,
                 shard_bytes,
             };
-            if line.calls == 0 {
+            if line.calls == 0 && !line.takes_turns {
                 self.producers.remove(&lane);
             }
             return Err((operation, full));

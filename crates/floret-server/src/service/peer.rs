@@ -135,6 +135,16 @@ async fn append(
     }
 }
 
+/// Runs `work`, which may take long (the last chunk of a snapshot checks
+/// the whole image), without holding up the other tasks of this worker.
+fn may_block<R>(work: impl FnOnce() -> R) -> R {
+    let flavor = tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor());
+    match flavor {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
 fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
     match &answer.outcome {
         Some(Outcome::Payload(payload)) => payload.len(),
@@ -257,10 +267,12 @@ impl Peer for PeerService {
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
         let admit = |shard, chunk: &InstallSnapshotRequest<TypeConfig>| {
-            self.snapshot_chunks
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .admit(shard, chunk, floret_store::check_image)
+            may_block(|| {
+                self.snapshot_chunks
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .admit(shard, chunk, floret_store::check_image)
+            })
         };
         self.relay(
             request,
