@@ -1,6 +1,8 @@
 //! This node's side of the gossip view: publishes its load a few times a
 //! second and hands the latest view of every node to the services (the
-//! consumer fan-in splits credits by it; cluster status shows it).
+//! consumer fan-in splits credits by it; cluster status shows it). The
+//! view is refreshed on its own timer, so a dispatcher slow to report its
+//! load (a failover's recovery) does not leave a dead node alive in it.
 //!
 //! Published per queue: backlogged producers and their weight and the
 //! backlog (from the dispatcher of the shards this node leads), backlog
@@ -37,6 +39,7 @@ pub struct LoadView {
     gossip: Arc<Gossip>,
     view: watch::Receiver<Arc<View>>,
     publisher: JoinHandle<()>,
+    refresher: JoinHandle<()>,
 }
 
 impl LoadView {
@@ -85,21 +88,17 @@ impl LoadView {
             .await?,
         );
         let (sender, view) = watch::channel(Arc::new(View::new()));
-        let publisher = tokio::spawn(publish(
-            gossip.clone(),
-            shards,
-            dispatcher,
-            interval,
-            sender,
-        ));
+        let publisher = tokio::spawn(publish(gossip.clone(), shards, dispatcher, interval));
+        let refresher = tokio::spawn(refresh(gossip.clone(), interval, sender));
         Ok(Some(Self {
             gossip,
             view,
             publisher,
+            refresher,
         }))
     }
 
-    /// The latest view, updated after every publication.
+    /// The latest view, refreshed every gossip interval.
     pub fn receiver(&self) -> watch::Receiver<Arc<View>> {
         self.view.clone()
     }
@@ -107,7 +106,9 @@ impl LoadView {
     /// Stops publishing and gossiping.
     pub async fn stop(self) {
         self.publisher.abort();
+        self.refresher.abort();
         let _ = self.publisher.await;
+        let _ = self.refresher.await;
         match Arc::try_unwrap(self.gossip) {
             Ok(gossip) => gossip.shutdown().await,
             Err(_) => tracing::debug!("gossip still shared at shutdown"),
@@ -115,12 +116,12 @@ impl LoadView {
     }
 }
 
+/// Publishes this node's load every `interval`, as the dispatcher reports it.
 async fn publish(
     gossip: Arc<Gossip>,
     shards: Arc<Shards>,
     dispatcher: DispatcherHandle,
     interval: Duration,
-    view: watch::Sender<Arc<View>>,
 ) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,12 +167,24 @@ async fn publish(
             }
         }
         gossip.publish(&report).await;
+    }
+}
+
+/// Hands the services the latest view, and exports gossip's traffic, every
+/// `interval`: whatever the dispatcher is doing.
+async fn refresh(gossip: Arc<Gossip>, interval: Duration, view: watch::Sender<Arc<View>>) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
         let (sent, received) = gossip.traffic().totals();
         metrics::counter!("floret_gossip_sent_bytes_total").absolute(sent);
         metrics::counter!("floret_gossip_received_bytes_total").absolute(received);
         metrics::counter!("floret_gossip_dropped_datagrams_total")
             .absolute(gossip.traffic().dropped());
-        let _no_readers = view.send(Arc::new(gossip.view().await));
+        if view.send(Arc::new(gossip.view().await)).is_err() {
+            return;
+        }
     }
 }
 
