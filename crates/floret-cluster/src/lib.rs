@@ -17,6 +17,7 @@
 
 mod append_stream;
 mod gossip;
+mod gossip_relay;
 mod gossip_transport;
 mod member_tls;
 mod network;

@@ -1,4 +1,4 @@
-//! Assembles a node: binds its two ports ([`bind_listeners`]), opens the
+//! Assembles a node: binds its two ports ([`crate::bind_listeners`]), opens the
 //! data dir, opens the raft group of every shard it holds with its proposer
 //! and leadership watcher, the dispatcher, and the gRPC servers (Floret,
 //! Admin, health and reflection on the client port; Peer on the peer
@@ -106,42 +106,6 @@ pub enum NodeError {
     },
 }
 
-/// Binds the client port (`listen`) and, for a cluster, the peer port
-/// (`peer_listen`, by default the port of this node's own address in
-/// `peers` on the client port's interface: a host name there may resolve
-/// to another interface, such as Debian's 127.0.1.1 for the machine's own
-/// name).
-pub async fn bind_listeners(config: &Config) -> Result<Listeners, NodeError> {
-    let client = bind("client", &config.listen.to_string()).await?;
-    let peer = match (config.peer_listen, config.own_peer_address()) {
-        (Some(address), _) => Some(bind("peer", &address.to_string()).await?),
-        (None, Some(own)) => {
-            let port = own
-                .rsplit_once(':')
-                .and_then(|(_, port)| port.parse::<u16>().ok())
-                .ok_or_else(|| NodeError::Bind {
-                    port: "peer",
-                    address: own.to_owned(),
-                    source: std::io::Error::other("this node's peers entry has no port"),
-                })?;
-            let address = SocketAddr::new(config.listen.ip(), port);
-            Some(bind("peer", &address.to_string()).await?)
-        }
-        (None, None) => None,
-    };
-    Ok(Listeners { client, peer })
-}
-
-async fn bind(port: &'static str, address: &str) -> Result<TcpListener, NodeError> {
-    TcpListener::bind(address)
-        .await
-        .map_err(|source| NodeError::Bind {
-            port,
-            address: address.to_owned(),
-            source,
-        })
-}
-
 /// A running node.
 pub struct Node {
     /// Where clients dial it.
@@ -160,7 +124,7 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts a node serving on `listeners` ([`bind_listeners`]).
+    /// Starts a node serving on `listeners` ([`crate::bind_listeners`]).
     /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
     pub async fn start(config: Config, listeners: Listeners) -> Result<Self, NodeError> {
         config.validate()?;

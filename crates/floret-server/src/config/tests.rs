@@ -1,0 +1,251 @@
+//! The configuration's loading, overrides and checks.
+
+use super::*;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[test]
+fn defaults_are_valid() {
+    Config::load(None, no_env).unwrap().validate().unwrap();
+}
+
+#[test]
+fn file_then_environment_override_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floret.toml");
+    std::fs::write(
+        &path,
+        "node_id = 3\nshards = 4\n[delivery]\nlease_timeout_ms = 500\n",
+    )
+    .unwrap();
+    let config = Config::load(Some(&path), |name| {
+        (name == "FLORET_SHARDS").then(|| "8".to_owned())
+    })
+    .unwrap();
+    assert_eq!(
+        (
+            config.node_id,
+            config.shards,
+            config.delivery.lease_timeout_ms
+        ),
+        (3, 8, 500)
+    );
+}
+
+#[test]
+fn unknown_key_in_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floret.toml");
+    std::fs::write(&path, "shard = 4\n").unwrap();
+    let error = Config::load(Some(&path), no_env).unwrap_err();
+    assert!(error.to_string().contains("unknown field"), "{error}");
+}
+
+#[test]
+fn unparsable_environment_value_names_the_variable() {
+    let error = Config::load(None, |name| {
+        (name == "FLORET_NODE_ID").then(|| "two".to_owned())
+    })
+    .unwrap_err();
+    assert!(error.to_string().contains("FLORET_NODE_ID=two"), "{error}");
+}
+
+#[test]
+fn election_timeout_below_heartbeat_is_refused() {
+    let mut config = Config::default();
+    config.raft.election_timeout_min_ms = config.raft.heartbeat_ms;
+    let error = config.validate().unwrap_err();
+    assert!(
+        error.to_string().contains("election_timeout_min_ms"),
+        "{error}"
+    );
+}
+
+#[test]
+fn example_config_in_deploy_spells_out_the_defaults() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/floret.toml");
+    assert_eq!(
+        Config::load(Some(&path), no_env).unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn peers_parse_from_the_flag_form_and_must_include_this_node() {
+    let peers = parse_peers("1=127.0.0.1:7701, 2=127.0.0.1:7702,3=n3:7703").unwrap();
+    assert_eq!(peers.len(), 3);
+    assert_eq!(peers[2].address, "n3:7703");
+    let config = Config {
+        node_id: 4,
+        peers,
+        ..Config::default()
+    };
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("node_id 4"), "{error}");
+    assert!(parse_peers("1:127.0.0.1:7701").is_err());
+}
+
+#[test]
+fn entries_too_large_for_a_log_frame_are_refused() {
+    let mut config = Config::default();
+    config.limits.max_request_bytes = 40 * 1024 * 1024;
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("max_request_bytes"), "{error}");
+}
+
+#[test]
+fn zero_shards_is_refused() {
+    let config = Config {
+        shards: 0,
+        ..Config::default()
+    };
+    assert!(config.validate().is_err());
+}
+
+#[test]
+fn peer_port_on_the_client_port_is_refused() {
+    let config = Config {
+        listen: "127.0.0.1:7701".parse().unwrap(),
+        peers: parse_peers("1=127.0.0.1:7701,2=127.0.0.1:7702").unwrap(),
+        ..Config::default()
+    };
+    let error = config.validate().unwrap_err();
+    assert!(error.to_string().contains("peer port"), "{error}");
+    let config = Config {
+        peer_listen: Some("127.0.0.1:7701".parse().unwrap()),
+        ..Config::default()
+    };
+    assert!(config.validate().is_err());
+    let listening_everywhere = Config {
+        listen: "0.0.0.0:7701".parse().unwrap(),
+        insecure: true,
+        peers: parse_peers("1=n1:7701,2=n2:7701").unwrap(),
+        ..Config::default()
+    };
+    let error = listening_everywhere.validate().unwrap_err();
+    assert!(error.to_string().contains("peer port"), "{error}");
+    let everywhere_on_the_peer_port = Config {
+        listen: "127.0.0.1:7701".parse().unwrap(),
+        peer_listen: Some("0.0.0.0:7701".parse().unwrap()),
+        insecure: true,
+        ..Config::default()
+    };
+    assert!(everywhere_on_the_peer_port.validate().is_err());
+}
+
+#[test]
+fn clients_are_told_the_peer_host_with_the_client_port_when_listening_everywhere() {
+    let config = Config {
+        node_id: 2,
+        peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+        ..Config::default()
+    };
+    assert_eq!(
+        config.advertised_address("0.0.0.0:7701".parse().unwrap()),
+        "n2:7701"
+    );
+    assert_eq!(
+        config.advertised_address("10.0.0.2:7701".parse().unwrap()),
+        "10.0.0.2:7701"
+    );
+    let config = Config {
+        advertise: Some("floret-2.example:443".into()),
+        ..config
+    };
+    assert_eq!(
+        config.advertised_address("0.0.0.0:7701".parse().unwrap()),
+        "floret-2.example:443"
+    );
+}
+
+#[test]
+fn plaintext_off_loopback_needs_insecure_and_tls_needs_its_pieces() {
+    let everywhere = Config {
+        listen: "0.0.0.0:7701".parse().unwrap(),
+        ..Config::default()
+    };
+    let error = everywhere.validate().unwrap_err();
+    assert!(error.to_string().contains("--insecure"), "{error}");
+    Config {
+        insecure: true,
+        ..everywhere.clone()
+    }
+    .validate()
+    .unwrap();
+    let with_tls = Config {
+        tls: TlsSettings {
+            cert: Some("node.pem".into()),
+            key: Some("node.key".into()),
+            ca: None,
+        },
+        ..everywhere.clone()
+    };
+    with_tls.validate().unwrap();
+    let without_key = Config {
+        tls: TlsSettings {
+            key: None,
+            ..with_tls.tls.clone()
+        },
+        ..everywhere.clone()
+    };
+    assert!(without_key.validate().is_err());
+    let cluster_without_ca = Config {
+        peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+        ..with_tls
+    };
+    let error = cluster_without_ca.validate().unwrap_err();
+    assert!(error.to_string().contains("tls.ca"), "{error}");
+    let exposed_peer_port = Config {
+        peer_listen: Some("10.0.0.1:7801".parse().unwrap()),
+        ..Config::default()
+    };
+    assert!(exposed_peer_port.validate().is_err());
+}
+
+#[test]
+fn cluster_gossiping_off_loopback_needs_a_secret() {
+    let tls = TlsSettings {
+        cert: Some("node.pem".into()),
+        key: Some("node.key".into()),
+        ca: Some("ca.pem".into()),
+    };
+    let unsealed = Config {
+        listen: "0.0.0.0:7701".parse().unwrap(),
+        peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+        tls,
+        ..Config::default()
+    };
+    let error = unsealed.validate().unwrap_err();
+    assert!(error.to_string().contains("gossip"), "{error}");
+    let sealed = Config {
+        gossip: GossipSettings {
+            secret: Some(SecretText("sixteen bytes or more".into())),
+            ..GossipSettings::default()
+        },
+        ..unsealed.clone()
+    };
+    sealed.validate().unwrap();
+    let short = Config {
+        gossip: GossipSettings {
+            secret: Some(SecretText("short".into())),
+            ..GossipSettings::default()
+        },
+        ..unsealed
+    };
+    assert!(short.validate().is_err());
+    assert_eq!(format!("{:?}", SecretText("hunter2".into())), "<redacted>");
+}
+
+#[test]
+fn peer_listen_and_advertise_come_from_the_environment() {
+    let env = |name: &str| match name {
+        "FLORET_PEER_LISTEN" => Some("0.0.0.0:7801".to_owned()),
+        "FLORET_ADVERTISE" => Some("n1:7701".to_owned()),
+        _ => None,
+    };
+    let config = Config::load(None, env).unwrap();
+    assert_eq!(config.peer_listen, Some("0.0.0.0:7801".parse().unwrap()));
+    assert_eq!(config.advertise.as_deref(), Some("n1:7701"));
+}
