@@ -34,7 +34,12 @@ fn bench(dir: &Path, name: &str, address: &str, args: &[&str]) -> serde_json::Va
         }
         if started.elapsed() > BENCH_DEADLINE {
             child.kill().expect("kill floret bench");
-            panic!("floret bench {args:?} ran past {BENCH_DEADLINE:?}");
+            let output = child.wait_with_output().expect("bench output");
+            panic!(
+                "floret bench {args:?} ran past {BENCH_DEADLINE:?}: {}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };

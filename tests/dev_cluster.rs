@@ -30,6 +30,10 @@ async fn dev_cluster_needs_more_than_one_command() {
         .args(["dev", "--base-port", &base.to_string(), "--data-dir"])
         .arg(dir.path())
         .env("RUST_LOG", "warn")
+        .env(
+            "FLORET_MIN_FREE_BYTES",
+            floret_chaos::process::TEST_MIN_FREE_BYTES,
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

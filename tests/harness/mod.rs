@@ -13,7 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use floret_chaos::process::{
-    ClusterCerts, LOG_FILTER, ServeArgs, peers_flag, poll, ready_address, shard_leader,
+    ClusterCerts, LOG_FILTER, ServeArgs, TEST_MIN_FREE_BYTES, peers_flag, poll, ready_address,
+    shard_leader,
 };
 use floret_client::Client;
 
@@ -66,6 +67,7 @@ impl FloretProcess {
         let mut child = command
             .args(serve.to_args())
             .env("RUST_LOG", LOG_FILTER)
+            .env("FLORET_MIN_FREE_BYTES", TEST_MIN_FREE_BYTES)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
@@ -368,6 +370,7 @@ pub fn start_expecting_failure(data_dir: &Path, extra_args: &[&str]) -> String {
         .arg("--data-dir")
         .arg(data_dir)
         .args(extra_args)
+        .env("FLORET_MIN_FREE_BYTES", TEST_MIN_FREE_BYTES)
         .stdin(Stdio::null())
         .output()
         .expect("run floret serve");

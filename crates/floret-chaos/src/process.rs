@@ -24,6 +24,12 @@ const READY_MARKER: &str = " serving on ";
 /// The `RUST_LOG` of test nodes: floret's own info, the libraries' warnings.
 pub const LOG_FILTER: &str = "info,openraft=warn,sled=warn";
 
+/// `FLORET_MIN_FREE_BYTES` of the nodes tests start: 1 MiB. Under the
+/// default watermark (256 MiB) every produce of a test is refused on a
+/// machine with less free space than that, though a test writes far less;
+/// the watermark's own test sets its free space through a fault point.
+pub const TEST_MIN_FREE_BYTES: &str = "1048576";
+
 /// The address a node serves on, if `line` of its stdout is its ready line.
 pub fn ready_address(line: &str) -> Option<&str> {
     line.split_once(READY_MARKER)

@@ -3,7 +3,10 @@
 //! Starts `--nodes` nodes in this process on consecutive ports of
 //! `--host` (client ports from `--base-port`, peer ports from
 //! `--base-port` + 100), each with its own data dir under `--data-dir`,
-//! all with the default configuration; prints where they are; stops them all on Ctrl-C.
+//! all with the default configuration and the `FLORET_*` variables that
+//! apply to every node alike (`FLORET_MIN_FREE_BYTES`, `FLORET_SHARDS`,
+//! ...; this command picks each node's id, addresses, data dir, TLS and
+//! gossip); prints where they are; stops them all on Ctrl-C.
 //! Run it again on the same data dir and the same cluster comes back.
 //! The nodes serve TLS and mutual TLS with certificates made by `floret
 //! certs` under `--data-dir`/certs on the first run, and seal their gossip
@@ -97,6 +100,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         secret_file: (!args.plaintext).then(|| certs.join("gossip.key")),
         ..GossipSettings::default()
     };
+    let from_environment = Config::load(None, |name| std::env::var(name).ok())?;
     let mut nodes = Vec::new();
     for id in 1..=args.nodes {
         let config = Config {
@@ -107,7 +111,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             tls: tls(id),
             gossip: gossip.clone(),
             insecure: args.plaintext,
-            ..Config::default()
+            peer_listen: None,
+            advertise: None,
+            metrics_listen: None,
+            ..from_environment.clone()
         };
         let listeners = floret_server::bind_listeners(&config).await?;
         let data_dir = config.data_dir.clone();

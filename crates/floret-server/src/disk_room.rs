@@ -3,7 +3,9 @@
 //! which refuses produces below `storage.min_free_bytes`
 //! (`produce/admission.rs` decides). Keeping that room lets acks, the raft
 //! metadata and sled's compaction go on when producers have filled the
-//! disk; a write that still fails latches the log (`faults.rs`).
+//! disk; a write that still fails latches the log (`faults.rs`). The
+//! sampler logs when free space falls below the watermark and when it
+//! returns, so an operator sees why produces are refused.
 //!
 //! The `disk-free-bytes` fault point (`return(FILE)`) makes the node see
 //! the number in FILE as its free space while FILE exists.
@@ -30,8 +32,9 @@ pub struct DiskRoom {
 }
 
 impl DiskRoom {
-    /// Samples `data_dir`'s filesystem now and then every second.
-    pub fn spawn(data_dir: &Path) -> (Self, JoinHandle<()>) {
+    /// Samples `data_dir`'s filesystem now and then every second, logging
+    /// each crossing of `min_free_bytes`.
+    pub fn spawn(data_dir: &Path, min_free_bytes: u64) -> (Self, JoinHandle<()>) {
         let room = Self {
             free_bytes: Arc::new(AtomicU64::new(u64::MAX)),
         };
@@ -42,7 +45,7 @@ impl DiskRoom {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                sampled.sample(&dir);
+                sampled.sample(&dir, min_free_bytes);
             }
         });
         (room, task)
@@ -53,16 +56,47 @@ impl DiskRoom {
         self.free_bytes.load(Ordering::Relaxed)
     }
 
-    fn sample(&self, dir: &Path) {
+    fn sample(&self, dir: &Path, min_free_bytes: u64) {
         match free_bytes(dir) {
             Ok(free) => {
-                self.free_bytes.store(free, Ordering::Relaxed);
+                let before = self.free_bytes.swap(free, Ordering::Relaxed);
+                match watermark_crossing(before, free, min_free_bytes) {
+                    Some(Crossing::Below) => tracing::warn!(
+                        free,
+                        min_free_bytes,
+                        dir = %dir.display(),
+                        "data dir short of free space: produces are refused until it returns (storage.min_free_bytes)"
+                    ),
+                    Some(Crossing::Above) => tracing::info!(
+                        free,
+                        min_free_bytes,
+                        "data dir has free space again: produces are taken"
+                    ),
+                    None => {}
+                }
                 metrics::gauge!("floret_disk_free_bytes").set(free as f64);
             }
             Err(error) => {
                 tracing::warn!(%error, dir = %dir.display(), "cannot read the data dir's free space");
             }
         }
+    }
+}
+
+/// Free space moving across the watermark between two samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Crossing {
+    Below,
+    Above,
+}
+
+/// Whether free space went from `before` to `now` across `min_free_bytes`
+/// (`before` is `u64::MAX` at the first sample, which counts as above).
+fn watermark_crossing(before: u64, now: u64, min_free_bytes: u64) -> Option<Crossing> {
+    match (before >= min_free_bytes, now >= min_free_bytes) {
+        (true, false) => Some(Crossing::Below),
+        (false, true) => Some(Crossing::Above),
+        _ => None,
     }
 }
 
@@ -89,5 +123,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(free_bytes(dir.path()).unwrap() > 0);
         assert!(free_bytes(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn a_node_short_of_disk_refuses_produces_without_saying_so_in_its_log() {
+        let min = 100;
+        let script = [
+            (u64::MAX, 500, None),
+            (u64::MAX, 50, Some(Crossing::Below)),
+            (50, 40, None),
+            (40, 100, Some(Crossing::Above)),
+            (100, 150, None),
+            (150, 99, Some(Crossing::Below)),
+        ];
+        for (before, now, expected) in script {
+            assert_eq!(
+                watermark_crossing(before, now, min),
+                expected,
+                "{before} -> {now}"
+            );
+        }
     }
 }

@@ -200,7 +200,7 @@ impl Node {
         }
         let (stopping, stopped) = watch::channel(false);
         let fault = NodeFault::default();
-        let (disk, disk_sampler) = DiskRoom::spawn(&config.data_dir);
+        let (disk, disk_sampler) = DiskRoom::spawn(&config.data_dir, config.storage.min_free_bytes);
         watchers.push(disk_sampler);
         let parts = NodeParts {
             fault: fault.clone(),

@@ -26,8 +26,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::process::{
-    ClusterCerts, LOG_FILTER, START_DEADLINE, ServeArgs, peers_flag, poll, ready_address,
-    shard_leader,
+    ClusterCerts, LOG_FILTER, START_DEADLINE, ServeArgs, TEST_MIN_FREE_BYTES, peers_flag, poll,
+    ready_address, shard_leader,
 };
 use crate::proxy::Link;
 
@@ -205,6 +205,7 @@ impl Cluster {
         command
             .args(args.to_args())
             .env("RUST_LOG", LOG_FILTER)
+            .env("FLORET_MIN_FREE_BYTES", TEST_MIN_FREE_BYTES)
             .env("FAILPOINTS", failpoints)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -44,6 +44,8 @@ pub struct LoadReport {
     /// Produce request latencies.
     pub latency: Percentiles,
     pub failures: u64,
+    /// Why the first failed request failed.
+    pub first_failure: Option<String>,
     /// Every acknowledged request, in no particular order, for plots over time.
     pub calls: Vec<AcknowledgedCall>,
 }
@@ -85,6 +87,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
             let mut calls = Vec::new();
             let mut sent = 0u64;
             let mut failures = 0u64;
+            let mut failure = None;
             let mut turn = 0usize;
             loop {
                 let index = next_batch.fetch_add(1, Ordering::Relaxed);
@@ -121,19 +124,22 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     Err(error) => {
                         failures += 1;
                         tracing::warn!(%error, "produce failed; this worker stops");
+                        failure = Some(error.to_string());
                         break;
                     }
                 }
             }
-            (calls, sent, failures)
+            (calls, sent, failures, failure)
         }));
     }
     let (mut messages, mut failures, mut calls) = (0, 0, Vec::new());
+    let mut first_failure = None;
     for worker in workers {
-        let (worker_calls, sent, worker_failures) = worker.await?;
+        let (worker_calls, sent, worker_failures, failure) = worker.await?;
         calls.extend(worker_calls);
         messages += sent;
         failures += worker_failures;
+        first_failure = first_failure.or(failure);
     }
     Ok(LoadReport {
         messages,
@@ -141,6 +147,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
         elapsed: started.elapsed(),
         latency: Percentiles::of(calls.iter().map(|call| call.latency).collect()),
         failures,
+        first_failure,
         calls,
     })
 }
@@ -162,6 +169,7 @@ impl LoadReport {
                 serde_json::json!({
                     "messages": self.messages,
                     "failed_requests": self.failures,
+                    "first_failure": self.first_failure,
                     "seconds": seconds,
                     "messages_per_second": rate,
                     "megabytes_per_second": mb_per_second,
@@ -178,6 +186,9 @@ impl LoadReport {
                 latency.max_ms,
                 self.failures
             );
+            if let Some(failure) = &self.first_failure {
+                println!("first failed request: {failure}");
+            }
         }
     }
 }

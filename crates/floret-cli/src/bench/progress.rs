@@ -39,12 +39,17 @@ impl Progress {
                 let delivered = counters.first_deliveries.load(Ordering::Relaxed);
                 let seconds = last_at.elapsed().as_secs_f64().max(f64::EPSILON);
                 let line = format!(
-                    "[{:>6.1} s] produced {produced}{} ({:.0}/s), delivered {delivered} ({:.0}/s), failed produces {}",
+                    "[{:>6.1} s] produced {produced}{} ({:.0}/s), delivered {delivered} ({:.0}/s), failed produces {}{}",
                     run_start.elapsed().as_secs_f64(),
                     expected.map(|e| format!("/{e}")).unwrap_or_default(),
                     (produced - last_produced) as f64 / seconds,
                     (delivered - last_delivered) as f64 / seconds,
                     counters.produce_failures.load(Ordering::Relaxed),
+                    counters
+                        .first_produce_failure
+                        .get()
+                        .map(|failure| format!(" (first: {failure})"))
+                        .unwrap_or_default(),
                 );
                 (last_produced, last_delivered, last_at) = (produced, delivered, Instant::now());
                 let mut stderr = std::io::stderr().lock();

@@ -71,8 +71,18 @@ pub struct Received {
 pub struct Counters {
     pub produced: AtomicU64,
     pub produce_failures: AtomicU64,
+    /// Why the first failed produce call failed.
+    pub first_produce_failure: std::sync::OnceLock<String>,
     pub first_deliveries: AtomicU64,
     pub redeliveries: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a failed produce call, keeping the first one's reason.
+    pub fn produce_failed(&self, error: &impl std::fmt::Display) {
+        self.produce_failures.fetch_add(1, Ordering::Relaxed);
+        let _ = self.first_produce_failure.set(error.to_string());
+    }
 }
 
 /// Running consumers; [`Sink::finish`] collects what they received.

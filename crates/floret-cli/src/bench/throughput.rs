@@ -64,6 +64,8 @@ struct ThroughputReport {
     produce_megabytes_per_second: f64,
     produce_latency: Percentiles,
     failed_produce_calls: u64,
+    /// Why the first failed produce call failed.
+    first_produce_failure: Option<String>,
     consumed: u64,
     consume_rate: f64,
     consume_megabytes_per_second: f64,
@@ -129,6 +131,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         produce_megabytes_per_second: load.bytes as f64 / seconds / 1e6,
         produce_latency: load.latency,
         failed_produce_calls: load.failures,
+        first_produce_failure: load.first_failure.clone(),
         consumed: consumed.len() as u64,
         consume_rate: consumed.len() as f64 / seconds,
         consume_megabytes_per_second: consumed_bytes as f64 / seconds / 1e6,
@@ -146,6 +149,9 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         report.produce_latency.p999_ms,
         report.failed_produce_calls
     );
+    if let Some(failure) = &report.first_produce_failure {
+        println!("  first failed produce call: {failure}");
+    }
     println!(
         "  consume {:>9.0} msg/s {:>7.2} MB/s  ({} consumers)",
         report.consume_rate, report.consume_megabytes_per_second, report.consumers

@@ -246,6 +246,9 @@ impl Config {
         if let Some(insecure) = parse(&env, "FLORET_INSECURE")? {
             self.insecure = insecure;
         }
+        if let Some(min_free_bytes) = parse(&env, "FLORET_MIN_FREE_BYTES")? {
+            self.storage.min_free_bytes = min_free_bytes;
+        }
         if let Some(lease_timeout_ms) = parse(&env, "FLORET_LEASE_TIMEOUT_MS")? {
             self.delivery.lease_timeout_ms = lease_timeout_ms;
         }

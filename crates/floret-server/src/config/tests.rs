@@ -35,6 +35,15 @@ fn file_then_environment_override_defaults() {
 }
 
 #[test]
+fn free_space_watermark_cannot_be_lowered_without_a_config_file() {
+    let config = Config::load(None, |name| {
+        (name == "FLORET_MIN_FREE_BYTES").then(|| "1048576".to_owned())
+    })
+    .unwrap();
+    assert_eq!(config.storage.min_free_bytes, 1 << 20);
+}
+
+#[test]
 fn unknown_key_in_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("floret.toml");

@@ -215,7 +215,7 @@ async fn flood_worker(
                     break;
                 }
                 Err(error) => {
-                    counters.produce_failures.fetch_add(1, Ordering::Relaxed);
+                    counters.produce_failed(&error);
                     if run_start.elapsed() > give_up_after {
                         tracing::warn!(%error, "flood produce still failing at the run's timeout; this worker stops");
                         return (producer, acks);
@@ -257,7 +257,7 @@ async fn quiet_producer(
                 counters.produced.fetch_add(1, Ordering::Relaxed);
             }
             Err(error) => {
-                counters.produce_failures.fetch_add(1, Ordering::Relaxed);
+                counters.produce_failed(&error);
                 tracing::debug!(%error, "quiet produce failed");
             }
         }

@@ -28,6 +28,8 @@ pub(super) struct NoisyReport {
     redeliveries: u64,
     not_delivered: u64,
     failed_produce_calls: u64,
+    /// Why the first failed produce call failed.
+    first_produce_failure: Option<String>,
     quiet_latency: Percentiles,
     /// Of the quiet latency, the produce call (until durable on a majority).
     quiet_produce_call: Percentiles,
@@ -107,6 +109,7 @@ pub(super) fn analyse(
         redeliveries: counters.redeliveries.load(Ordering::Relaxed),
         not_delivered: produced.saturating_sub(first.len() as u64),
         failed_produce_calls: counters.produce_failures.load(Ordering::Relaxed),
+        first_produce_failure: counters.first_produce_failure.get().cloned(),
         quiet_latency: Percentiles::of(quiet_latencies),
         quiet_worst_producer: per_quiet_producer
             .into_iter()
@@ -159,6 +162,9 @@ pub(super) fn print_summary(report: &NoisyReport) {
         report.not_delivered,
         report.failed_produce_calls
     );
+    if let Some(failure) = &report.first_produce_failure {
+        println!("first failed produce call: {failure}");
+    }
     println!("end-to-end latency (produce call to delivery):");
     latency("quiet", &report.quiet_latency);
     latency("  call", &report.quiet_produce_call);
