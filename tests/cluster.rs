@@ -6,6 +6,7 @@
 
 mod bounded;
 mod dev_cluster;
+mod gossip_blocked;
 mod harness;
 mod peer_port;
 
@@ -304,7 +305,7 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
-    kill_a_shard_leader_under_load(cluster).await;
+    kill_a_shard_leader_under_load(cluster, DRAIN_DEADLINE).await;
 }
 
 /// The same over TLS on the client ports and mutual TLS between the nodes,
@@ -314,13 +315,14 @@ async fn acknowledged_message_lost_when_a_shard_leader_is_killed_over_tls() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start_tls(dir.path(), 3, &["--shards", SHARDS]);
-    kill_a_shard_leader_under_load(cluster).await;
+    kill_a_shard_leader_under_load(cluster, DRAIN_DEADLINE).await;
 }
 
 /// Produces through every node and consumes through one while shard 0's
 /// leader is killed and restarted: every acknowledged message is delivered,
-/// nothing unexpected is, in order, with few duplicates.
-async fn kill_a_shard_leader_under_load(mut cluster: Cluster) {
+/// nothing unexpected is, in order, with few duplicates; the last of them
+/// within `drained_after_restart` of the restart.
+async fn kill_a_shard_leader_under_load(mut cluster: Cluster, drained_after_restart: Duration) {
     let victim = cluster.leader_of(0, 1).await;
     let survivor = victim % 3 + 1;
 
@@ -388,6 +390,7 @@ async fn kill_a_shard_leader_under_load(mut cluster: Cluster) {
     )
     .await;
     tokio::task::block_in_place(|| cluster.restart(victim));
+    let restarted_at = Instant::now();
     let before_restart = acknowledged.lock().unwrap().len();
     wait_for_acknowledged(
         &acknowledged,
@@ -405,7 +408,7 @@ async fn kill_a_shard_leader_under_load(mut cluster: Cluster) {
 
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     eventually(
-        DRAIN_DEADLINE,
+        drained_after_restart.saturating_sub(restarted_at.elapsed()),
         "every acknowledged message delivered",
         || {
             let (consumed, expected) = (consumed.clone(), expected.clone());
@@ -435,9 +438,10 @@ async fn kill_a_shard_leader_under_load(mut cluster: Cluster) {
         "{duplicates} duplicates for an in-flight window of {CREDITS}"
     );
     eprintln!(
-        "{} acknowledged, {} deliveries, {duplicates} duplicates; produce on the killed leader's shard resumed {recovered_after:?} after the kill",
+        "{} acknowledged, {} deliveries, {duplicates} duplicates; produce on the killed leader's shard resumed {recovered_after:?} after the kill; all delivered {:?} after the restart",
         expected.len(),
-        consumed.deliveries.len()
+        consumed.deliveries.len(),
+        restarted_at.elapsed()
     );
 }
 

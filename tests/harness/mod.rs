@@ -182,6 +182,10 @@ pub struct Cluster {
     extra_args: Vec<String>,
     /// The certificates of a cluster that runs over TLS.
     tls: Option<ClusterCerts>,
+    /// `FAILPOINTS` of every node (empty: none).
+    failpoints: String,
+    /// Each node's gossip port, when it is not its peer port's number.
+    gossip_ports: Option<Vec<u16>>,
     nodes: Vec<Option<FloretProcess>>,
 }
 
@@ -189,7 +193,29 @@ impl Cluster {
     /// Starts `size` nodes (ids 1..=size) under `root`, all at once, and
     /// waits until every one serves.
     pub fn start(root: &Path, size: usize, extra_args: &[&str]) -> Self {
-        Self::start_with(root, size, extra_args, None)
+        Self::start_with(root, size, extra_args, None, "")
+    }
+
+    /// Like [`Cluster::start`], every node (restarts included) with
+    /// `FAILPOINTS` set to `failpoints` (needs `floret` built with the
+    /// `failpoints` feature).
+    pub fn start_with_failpoints(
+        root: &Path,
+        size: usize,
+        extra_args: &[&str],
+        failpoints: &str,
+    ) -> Self {
+        Self::start_with(root, size, extra_args, None, failpoints)
+    }
+
+    /// Like [`Cluster::start`], every node gossiping on a UDP port other
+    /// than its peer port's number (`--gossip-listen`), which no other
+    /// node is told.
+    pub fn start_gossiping_elsewhere(root: &Path, size: usize, extra_args: &[&str]) -> Self {
+        let mut cluster = Self::prepare(root, size, extra_args, None, "");
+        cluster.gossip_ports =
+            Some(floret_chaos::ports::free_loopback_ports(size).expect("free loopback ports"));
+        cluster.start_all()
     }
 
     /// Like [`Cluster::start`], every node serving TLS on its client port
@@ -198,7 +224,7 @@ impl Cluster {
     pub fn start_tls(root: &Path, size: usize, extra_args: &[&str]) -> Self {
         let certs = ClusterCerts::make(Path::new(floret_binary()), &root.join("certs"), size)
             .expect("floret certs");
-        Self::start_with(root, size, extra_args, Some(certs))
+        Self::start_with(root, size, extra_args, Some(certs), "")
     }
 
     fn start_with(
@@ -206,23 +232,43 @@ impl Cluster {
         size: usize,
         extra_args: &[&str],
         tls: Option<ClusterCerts>,
+        failpoints: &str,
+    ) -> Self {
+        Self::prepare(root, size, extra_args, tls, failpoints).start_all()
+    }
+
+    /// A cluster of `size` nodes with their ports picked, none started.
+    fn prepare(
+        root: &Path,
+        size: usize,
+        extra_args: &[&str],
+        tls: Option<ClusterCerts>,
+        failpoints: &str,
     ) -> Self {
         let mut ports =
             floret_chaos::ports::free_loopback_ports(2 * size).expect("free loopback ports");
         let peer_ports = ports.split_off(size);
-        let mut cluster = Self {
+        Self {
             root: root.to_path_buf(),
             ports,
             peer_ports,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             tls,
+            failpoints: failpoints.to_owned(),
+            gossip_ports: None,
             nodes: (0..size).map(|_| None).collect(),
-        };
-        let starting: Vec<Starting> = (1..=size as u64).map(|id| cluster.spawn(id)).collect();
-        for (index, node) in starting.into_iter().enumerate() {
-            cluster.nodes[index] = Some(node.wait_ready());
         }
-        cluster
+    }
+
+    /// Starts every node at once and waits until each serves.
+    fn start_all(mut self) -> Self {
+        let starting: Vec<Starting> = (1..=self.nodes.len() as u64)
+            .map(|id| self.spawn(id))
+            .collect();
+        for (index, node) in starting.into_iter().enumerate() {
+            self.nodes[index] = Some(node.wait_ready());
+        }
+        self
     }
 
     fn spawn(&self, id: u64) -> Starting {
@@ -242,8 +288,12 @@ impl Cluster {
         if let Some(certs) = &self.tls {
             args.extend(certs.serve_flags(id));
         }
+        if let Some(gossip_ports) = &self.gossip_ports {
+            args.push("--gossip-listen".to_owned());
+            args.push(format!("127.0.0.1:{}", gossip_ports[id as usize - 1]));
+        }
         args.extend(self.extra_args.iter().cloned());
-        FloretProcess::spawn(&self.data_dir(id), &args)
+        FloretProcess::spawn_with_failpoints(&self.data_dir(id), &args, &self.failpoints)
     }
 
     /// Node `id`'s data dir.

@@ -30,6 +30,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             "nodes": cluster.nodes.iter().map(|n| serde_json::json!({
                 "node_id": n.node_id, "address": n.address, "peer_address": n.peer_address, "reachable": n.reachable, "fault": n.fault,
                 "shards_led": n.shards_led, "error": n.error, "liveness": n.liveness,
+                "gossip_address": n.gossip_address, "gossip_warning": n.gossip_warning,
                 "heartbeat_age_ms": n.heartbeat_age_ms, "backlog_messages": n.backlog_messages,
                 "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
                 "dispatch_rate": n.dispatch_rate,
@@ -102,6 +103,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             node.dispatch_rate,
             if !node.fault.is_empty() {
                 format!("  (stopped serving: {}; restart it)", node.fault)
+            } else if !node.gossip_warning.is_empty() {
+                format!("  (gossip: {})", node.gossip_warning)
             } else if node.error.is_empty() {
                 String::new()
             } else {

@@ -19,10 +19,10 @@
 //! ([`Gossip::traffic`]). chitchat's cluster id is the cluster's name, so
 //! two clusters that share a secret still ignore each other.
 //!
-//! IMPLEMENTATION CAVEATS
-//! - Peers are found through the members' gRPC addresses, gossiping on the
-//!   same port number over UDP; a node whose gossip port differs is reached
-//!   only once it has contacted another node itself.
+//! Peers are first sought at their peer ports' numbers over UDP (the
+//! seeds); a member whose gossip port differs is reached through
+//! [`Gossip::introduce`] once its address is learned over the peer API
+//! (`load_view.rs` in the server).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -348,6 +348,20 @@ impl Gossip {
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
         self.node_id
+    }
+
+    /// The UDP address the other nodes reach this node's gossip at.
+    pub fn advertise(&self) -> SocketAddr {
+        self.handle.chitchat_id().gossip_advertise_addr
+    }
+
+    /// Starts a gossip round with the node at `address` (a member's gossip
+    /// address learned outside gossip): once it has heard this node, the
+    /// two know each other and everything either knows.
+    pub fn introduce(&self, address: SocketAddr) {
+        if let Err(error) = self.handle.gossip(address) {
+            tracing::debug!(%error, %address, "gossip stopped; no introduction");
+        }
     }
 
     /// Bytes sent and received, and datagrams dropped, by gossip so far.

@@ -127,6 +127,9 @@ impl Socket for SealedSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
+        if crate::gossip_transport::send_dropped_by_fault() {
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
         let relay = self.relays.relay_for(to).await?;
         self.inner.send(relay.local_addr()?, envelope).await
     }

@@ -11,7 +11,8 @@
 //! loopback socket of its own and a relay seals and opens what passes
 //! between that socket and the network (`gossip_relay.rs`). Without a
 //! secret (a loopback cluster) chitchat's socket is used directly and
-//! datagrams carry no tag.
+//! datagrams carry no tag. The `gossip-send-drop` fault point drops every
+//! datagram this node would send, as a firewall that lets only TCP through.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A recorded datagram can be replayed within the clock-skew window;
@@ -107,6 +108,14 @@ impl Traffic {
     }
 }
 
+/// The fault point that drops every gossip datagram this node sends.
+pub(crate) const GOSSIP_SEND_DROP: &str = "gossip-send-drop";
+
+/// Whether this datagram is to be dropped instead of sent (a fault point).
+pub(crate) fn send_dropped_by_fault() -> bool {
+    floret_store::failpoints::fires(GOSSIP_SEND_DROP)
+}
+
 /// chitchat's transport over UDP, sealing with `secret` when there is one.
 pub(crate) struct SealedTransport {
     pub(crate) secret: Option<GossipSecret>,
@@ -150,6 +159,9 @@ impl Socket for CountingSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
+        if send_dropped_by_fault() {
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
         let outcome = self.inner.send(to, envelope).await?;
         self.traffic
             .sent

@@ -6,7 +6,8 @@
 //! it, and proposes commands to the raft groups it holds.
 //!
 //! The gossip view ([`Gossip`]) carries what every node publishes about
-//! itself: its address, the shards it leads and its load per queue.
+//! itself: its address, the shards it leads and its load per queue. It is
+//! a hint for status and steering; nothing that delivers waits for it.
 //!
 //! Requests are routed to a shard's leader as this node's replica knows it,
 //! or, for shards it does not hold, as the gossip view says.

@@ -254,8 +254,8 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         self.tiers.values().map(Ring::producers).sum()
     }
 
-    /// Sum of the weights of producers in the rings, which the gossip view
-    /// reports so the cluster can split consumer credit between nodes.
+    /// Sum of the weights of producers in the rings, which each node reports
+    /// to the merges of its consumers so they split credit between nodes.
     pub fn backlogged_weight(&self) -> u64 {
         self.tiers.values().map(Ring::weight).sum()
     }

@@ -35,6 +35,7 @@ pub mod delivery_id;
 pub mod disk_room;
 pub mod error;
 pub mod faults;
+mod gossip_reach;
 mod idle;
 pub mod leadership;
 mod listeners;

@@ -1,6 +1,7 @@
 //! This node's side of the gossip view: publishes its load a few times a
-//! second and hands the latest view of every node to the services (the
-//! consumer fan-in splits credits by it; cluster status shows it). The
+//! second and hands the latest view of every node to the services (cluster
+//! status shows it; leadership steering takes it as a hint), and runs the
+//! introductions of members gossip has not reached (`gossip_reach.rs`). The
 //! view is refreshed on its own timer, so a dispatcher slow to report its
 //! load (a failover's recovery) does not leave a dead node alive in it.
 //!
@@ -38,8 +39,21 @@ const BYTES_REFRESH: Duration = Duration::from_secs(2);
 pub struct LoadView {
     gossip: Arc<Gossip>,
     view: watch::Receiver<Arc<View>>,
+    warning: watch::Receiver<Option<String>>,
     publisher: JoinHandle<()>,
     refresher: JoinHandle<()>,
+    introducer: JoinHandle<()>,
+}
+
+/// What cluster status shows of this node's gossip.
+#[derive(Debug, Clone)]
+pub struct GossipStatus {
+    /// The latest view, refreshed every gossip interval.
+    pub view: watch::Receiver<Arc<View>>,
+    /// Where the other nodes reach this node's gossip.
+    pub advertise: SocketAddr,
+    /// Set while no other node's gossip is heard though TCP reaches them.
+    pub warning: watch::Receiver<Option<String>>,
 }
 
 impl LoadView {
@@ -88,27 +102,42 @@ impl LoadView {
             .await?,
         );
         let (sender, view) = watch::channel(Arc::new(View::new()));
+        let (warn, warning) = watch::channel(None);
+        let introducer = tokio::spawn(crate::gossip_reach::run(
+            gossip.clone(),
+            peers,
+            view.clone(),
+            warn,
+        ));
         let publisher = tokio::spawn(publish(gossip.clone(), shards, dispatcher, interval));
         let refresher = tokio::spawn(refresh(gossip.clone(), interval, sender));
         Ok(Some(Self {
             gossip,
             view,
+            warning,
             publisher,
             refresher,
+            introducer,
         }))
     }
 
-    /// The latest view, refreshed every gossip interval.
-    pub fn receiver(&self) -> watch::Receiver<Arc<View>> {
-        self.view.clone()
+    /// The view, this node's gossip address and its warning.
+    pub fn status(&self) -> GossipStatus {
+        GossipStatus {
+            view: self.view.clone(),
+            advertise: self.gossip.advertise(),
+            warning: self.warning.clone(),
+        }
     }
 
     /// Stops publishing and gossiping.
     pub async fn stop(self) {
         self.publisher.abort();
         self.refresher.abort();
+        self.introducer.abort();
         let _ = self.publisher.await;
         let _ = self.refresher.await;
+        let _ = self.introducer.await;
         match Arc::try_unwrap(self.gossip) {
             Ok(gossip) => gossip.shutdown().await,
             Err(_) => tracing::debug!("gossip still shared at shutdown"),

@@ -38,7 +38,7 @@ use crate::idle;
 use crate::leadership::hand_back::HandBack;
 use crate::leadership::rebalance;
 use crate::leadership::watch::watch_leadership;
-use crate::load_view::LoadView;
+use crate::load_view::{GossipStatus, LoadView};
 use crate::produce::ProducePipeline;
 use crate::produce::backpressure::Backpressure;
 use crate::produce::proposer::{Proposers, ShardProposer};
@@ -194,9 +194,9 @@ impl Node {
             dispatcher.clone(),
         )
         .await?;
-        let view = load_view.as_ref().map(LoadView::receiver);
-        if let Some(view) = &view {
-            shards.attach_view(view.clone());
+        let gossip = load_view.as_ref().map(LoadView::status);
+        if let Some(gossip) = &gossip {
+            shards.attach_view(gossip.view.clone());
         }
         let (stopping, stopped) = watch::channel(false);
         let fault = NodeFault::default();
@@ -209,7 +209,7 @@ impl Node {
             shards: &shards,
             proposers: &proposers,
             dispatcher,
-            view,
+            gossip,
             disk,
         };
         let server = Server::start(
@@ -355,7 +355,8 @@ struct NodeParts<'a> {
     shards: &'a Arc<Shards>,
     proposers: &'a Proposers,
     dispatcher: DispatcherHandle,
-    view: Option<watch::Receiver<Arc<floret_cluster::View>>>,
+    /// This node's gossip, for cluster status (none on a one-node cluster).
+    gossip: Option<GossipStatus>,
     /// The data dir's free space.
     disk: DiskRoom,
 }
@@ -388,7 +389,6 @@ impl NodeParts<'_> {
             settler: settler.clone(),
             peers: shards.peers().clone(),
             max_credits: config.limits.max_credits,
-            view: self.view.clone(),
             cross_node_split: config.fairness.cross_node_split,
         };
         let hand_back = HandBack::new(shards.clone(), proposers.clone(), self.dispatcher.clone());
@@ -397,7 +397,7 @@ impl NodeParts<'_> {
             self.dispatcher,
             router,
             self.advertised,
-            self.view,
+            self.gossip,
             self.fault,
         ));
         Services {

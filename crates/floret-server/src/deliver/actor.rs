@@ -1,6 +1,6 @@
 //! The dispatcher task: the runtime around the [`DispatchBook`]. It reads
 //! the clock, feeds the book the commands of [`DispatcherHandle`] in order,
-//! wakes it at its next deadline, sends deliveries down consumer channels,
+//! lets it report backlogs after every turn, wakes it at its next deadline, sends deliveries down consumer channels,
 //! proposes the discards the book decided, and counts metrics. Every
 //! decision is the book's.
 
@@ -77,6 +77,7 @@ impl Dispatcher {
                 }
                 () = sleep_until(deadline), if deadline.is_some() => self.book.tick(now()),
             }
+            self.book.report_backlogs(now());
             self.carry_out_outbox();
         }
         tracing::debug!("dispatcher stopped");

@@ -98,6 +98,9 @@ pub enum ConsumerEvent {
     Delivery(Box<Delivered>),
     /// Outcomes of acks or nacks sent on the stream.
     Settled(Vec<SettleOutcome>),
+    /// The backlogged weight of the consumer's queue on this node: sent at
+    /// subscribe and when it changes, so a merge splits credits by it.
+    Backlog(u64),
 }
 
 /// Delivery counters of one queue on this node.

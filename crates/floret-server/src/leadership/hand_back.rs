@@ -1,6 +1,7 @@
 //! Handing a shard's leadership back to its preferred replica, on the
 //! leader's side. The leader grants it only to the shard's preferred
-//! replica, one the gossip view does not see failing and that is caught up;
+//! replica, and only once it is caught up (it has just called, so it is
+//! reachable whatever the gossip view says);
 //! then it pauses the shard's proposer (an append would renew the
 //! followers' leader lease), stops dispatching the shard and turns its
 //! heartbeats off, so the lease lapses and the replica wins an election. If
@@ -9,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Liveness, Shards};
+use floret_cluster::Shards;
 use floret_store::{NodeId, ShardId};
 
 use crate::deliver::DispatcherHandle;
@@ -47,14 +48,6 @@ impl HandBack {
         if self.shards.replicas().preferred_leader(shard) != requester {
             return Err(format!(
                 "node {requester} is not the preferred replica of shard {shard}"
-            ));
-        }
-        if let Some(liveness) = self.shards.liveness(requester)
-            && liveness != Liveness::Alive
-        {
-            return Err(format!(
-                "node {requester} is {} in the gossip view",
-                liveness.as_str()
             ));
         }
         let metrics = group.raft.metrics().borrow().clone();

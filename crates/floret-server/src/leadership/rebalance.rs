@@ -7,8 +7,8 @@
 //! asks that leader to step aside (`Peer.HandBack`, which the leader grants
 //! only when this replica is caught up), waits out the followers' leader
 //! lease, and calls an election, which it wins with its complete log.
-//! Leaders the gossip view declares dead are not asked; a leader refuses a
-//! requester the view does not see alive.
+//! Leaders the gossip view declares dead are not asked (a hint: the call
+//! would only time out).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - While a shard is handed over (about one leader lease) its produces get

@@ -1,8 +1,8 @@
 //! Conversions between the dispatcher's domain values and `floret.v1` and
 //! `floret.peer.v1` messages.
 
+use floret_proto::peer::v1::{PeerConsumeResponse, QueueBacklog, peer_consume_response};
 use floret_proto::v1;
-
 use tonic::Code;
 
 use crate::deliver::{ConsumerEvent, Delivered, SettleCode, SettleOutcome};
@@ -31,19 +31,23 @@ pub fn settle_outcome(outcome: SettleOutcome) -> v1::SettleOutcome {
     }
 }
 
-/// What a consumer stream sends for one dispatcher event.
-pub fn consume_response(event: ConsumerEvent) -> v1::ConsumeResponse {
+/// What a peer's consume stream of this node's dispatcher sends for one
+/// dispatcher event.
+pub fn peer_consume_response(event: ConsumerEvent) -> PeerConsumeResponse {
     let response = match event {
         ConsumerEvent::Delivery(delivered) => {
-            v1::consume_response::Response::Delivery(delivery(*delivered))
+            peer_consume_response::Response::Delivery(delivery(*delivered))
         }
         ConsumerEvent::Settled(outcomes) => {
-            v1::consume_response::Response::Settled(v1::SettleResult {
+            peer_consume_response::Response::Settled(v1::SettleResult {
                 outcomes: outcomes.into_iter().map(settle_outcome).collect(),
             })
         }
+        ConsumerEvent::Backlog(backlogged_weight) => {
+            peer_consume_response::Response::Backlog(QueueBacklog { backlogged_weight })
+        }
     };
-    v1::ConsumeResponse {
+    PeerConsumeResponse {
         response: Some(response),
     }
 }

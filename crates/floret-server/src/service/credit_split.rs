@@ -1,8 +1,8 @@
 //! How a merged consumer's credits are split between nodes: each credit
 //! goes to the node that is furthest behind its weighted share (stride
 //! scheduling), so over time every node receives credits, and so delivers,
-//! in proportion to its weight: the backlogged weight it reports in the
-//! gossip view. A node that was not eligible starts level with the others
+//! in proportion to its weight: the backlogged weight it reports on its
+//! consume stream. A node that was not eligible starts level with the others
 //! when it becomes eligible again, so it neither starves them nor bursts.
 //!
 //! Pure bookkeeping: no I/O, no clock.

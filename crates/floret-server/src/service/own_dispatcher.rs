@@ -3,49 +3,84 @@
 //! for one of its consumers (`fan_in/peer_source.rs` is the other end).
 //! Credits, acks and nacks arrive on the stream; `Credit.set` lets the
 //! merging node move the consumer's credits to where the backlog is.
+//! Going out: deliveries, settle outcomes, and this node's backlogged
+//! weight for the queue when it changes and again every
+//! [`BACKLOG_HEARTBEAT`], so the merging node knows the stream is alive
+//! without the gossip view.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - The deliveries waiting to be sent are not bounded by the stream's
 //!   credits yet.
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use floret_proto::peer::v1::PeerConsumeResponse;
 use floret_proto::v1::{self, consume_request};
-use futures::StreamExt;
-use tokio::sync::mpsc;
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::floret::{ConsumeStream, read_subscribe};
+use super::floret::read_subscribe;
 use super::{convert, fan_in};
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::request::{self, InvalidRequest};
 use crate::settle::Settler;
+
+/// How often the backlog is reported when it does not change.
+pub const BACKLOG_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// What a peer's consume stream of this node's dispatcher sends.
+pub type PeerConsumeStream =
+    Pin<Box<dyn Stream<Item = Result<PeerConsumeResponse, Status>> + Send>>;
 
 /// Serves a consume stream of this node's own dispatcher from `sources`;
 /// its first request must be a subscribe.
 pub(crate) async fn serve(
     sources: &fan_in::Sources,
     mut inbound: Streaming<v1::ConsumeRequest>,
-) -> Result<ConsumeStream, Status> {
+) -> Result<PeerConsumeStream, Status> {
     let (queue, credits) = read_subscribe(&mut inbound).await?;
     let (events, deliveries) = mpsc::unbounded_channel();
     let (failures, failed) = mpsc::unbounded_channel::<Status>();
+    let (finished, stopped) = oneshot::channel::<()>();
     let consumer = sources
         .dispatcher
         .subscribe(queue, credits, events.clone(), true)
         .await
         .map_err(Status::from)?;
-    tokio::spawn(read_consumer_requests(
-        inbound,
-        consumer,
-        sources.dispatcher.clone(),
-        sources.settler.clone(),
-        events,
-        failures,
-    ));
-    let deliveries =
-        UnboundedReceiverStream::new(deliveries).map(|event| Ok(convert::consume_response(event)));
+    let (dispatcher, settler) = (sources.dispatcher.clone(), sources.settler.clone());
+    tokio::spawn(async move {
+        read_consumer_requests(inbound, consumer, dispatcher, settler, events, failures).await;
+        let _stream_gone = finished.send(());
+    });
+    let last_weight = Arc::new(AtomicU64::new(0));
+    let reported = last_weight.clone();
+    let events = UnboundedReceiverStream::new(deliveries).map(move |event| {
+        if let ConsumerEvent::Backlog(weight) = event {
+            reported.store(weight, Ordering::Relaxed);
+        }
+        Ok(convert::peer_consume_response(event))
+    });
+    let heartbeats = futures::stream::unfold((), |()| async {
+        tokio::time::sleep(BACKLOG_HEARTBEAT).await;
+        Some(((), ()))
+    })
+    .map(move |()| {
+        let weight = last_weight.load(Ordering::Relaxed);
+        Ok(convert::peer_consume_response(ConsumerEvent::Backlog(
+            weight,
+        )))
+    })
+    .take_until(stopped);
     let failed = UnboundedReceiverStream::new(failed).map(Err);
-    Ok(Box::pin(futures::stream::select(deliveries, failed)))
+    Ok(Box::pin(futures::stream::select(
+        futures::stream::select(events, failed),
+        heartbeats,
+    )))
 }
 
 /// Reads credits, acks and nacks from a consumer until its stream ends or

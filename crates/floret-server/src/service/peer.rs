@@ -33,7 +33,7 @@ use tonic::Streaming;
 use tonic::{Request, Response, Status};
 
 use super::admin::AdminService;
-use super::floret::{ConsumeStream, produce_response};
+use super::floret::produce_response;
 use super::peer_identity::{self, check_sender};
 use super::{convert, fan_in, now_unix_ms, own_dispatcher};
 use crate::deliver::SettleKind;
@@ -390,7 +390,7 @@ impl Peer for PeerService {
         Ok(Response::new(produce_response(answer)))
     }
 
-    type ConsumeStream = ConsumeStream;
+    type ConsumeStream = own_dispatcher::PeerConsumeStream;
 
     async fn consume(
         &self,

@@ -24,6 +24,7 @@
 //! - A delayed message held back costs a heap entry until its time.
 
 mod activity;
+mod backlog;
 mod contents;
 mod leadership;
 mod policies;
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 use floret_sched::SchedulerConfig;
 use floret_store::{AppliedEvent, Discarded, ShardId};
 
+pub use backlog::BACKLOG_REPORT_GAP;
 pub use contents::{ReadError, ShardContents, StoredBacklog};
 use queue::{HeldMessage, LeaseKey, ProducerKey, QueueDispatch};
 
@@ -113,6 +115,8 @@ pub struct DispatchBook<S, C> {
     /// Delayed messages held back, earliest first.
     held: BinaryHeap<Reverse<HeldMessage>>,
     outbox: Outbox,
+    /// When the next round of backlog reports may go out, after one went.
+    backlog_report_due: Option<Instant>,
 }
 
 impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
@@ -128,6 +132,7 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             max_credits: u64::from(max_credits),
             held: BinaryHeap::new(),
             outbox: Outbox::default(),
+            backlog_report_due: None,
         }
     }
 
@@ -205,7 +210,8 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     }
 
     /// Registers a consumer stream on `queue` with its first credits;
-    /// `for_peer` when it feeds another node's merged consumer.
+    /// `for_peer` when it feeds another node's merged consumer. Its first
+    /// event is the queue's backlog report.
     pub fn subscribe(
         &mut self,
         queue: &str,
@@ -217,6 +223,8 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         let id = self.next_consumer;
         self.next_consumer += 1;
         let queue: Arc<str> = queue.into();
+        let _closed_stream_is_noticed_by_the_pump =
+            channel.send(ConsumerEvent::Backlog(self.first_backlog_report(&queue)));
         self.consumers.insert(
             id,
             Consumer {
@@ -288,8 +296,9 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         self.release_held(now);
     }
 
-    /// When [`Self::tick`] must run next: the earliest lease deadline or
-    /// held message's time.
+    /// When [`Self::tick`] (and [`Self::report_backlogs`]) must run next:
+    /// the earliest lease deadline, held message's time or round of
+    /// backlog reports.
     pub fn next_deadline(&self, now: Now) -> Option<Instant> {
         let leases = self
             .queues
@@ -300,7 +309,11 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             let wait_ms = (held.due_ms - now.unix_ms as i64).max(0) as u64;
             now.instant + Duration::from_millis(wait_ms)
         });
-        leases.into_iter().chain(held).min()
+        leases
+            .into_iter()
+            .chain(held)
+            .chain(self.backlog_report_due)
+            .min()
     }
 
     fn leads(&self, shard: ShardId) -> bool {

@@ -56,6 +56,8 @@ pub(super) struct QueueDispatch {
     pub redelivered: u64,
     /// Recent deliveries and dwell times per producer.
     pub fairness: FairnessWindow<ProducerKey>,
+    /// The backlogged weight the consumers were last told (`backlog.rs`).
+    pub reported_weight: u64,
 }
 
 impl QueueDispatch {
@@ -68,6 +70,7 @@ impl QueueDispatch {
             acked: 0,
             redelivered: 0,
             fairness: FairnessWindow::default(),
+            reported_weight: 0,
         }
     }
 

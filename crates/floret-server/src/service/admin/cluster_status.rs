@@ -48,6 +48,16 @@ impl AdminService {
                 shards_led,
                 resident_bytes: resident_bytes().unwrap_or(0),
                 fault: self.fault.reason().unwrap_or_default(),
+                gossip_address: self
+                    .gossip
+                    .as_ref()
+                    .map(|gossip| gossip.advertise.to_string())
+                    .unwrap_or_default(),
+                gossip_warning: self
+                    .gossip
+                    .as_ref()
+                    .and_then(|gossip| gossip.warning.borrow().clone())
+                    .unwrap_or_default(),
                 ..Default::default()
             }],
             shards,
@@ -144,10 +154,10 @@ impl AdminService {
 
     /// What the gossip view says of each node: liveness, heartbeat age and load.
     fn add_gossip_verdicts(&self, nodes: &mut [v1::NodeStatus]) {
-        let Some(view) = &self.view else {
+        let Some(gossip) = &self.gossip else {
             return;
         };
-        let view = view.borrow().clone();
+        let view = gossip.view.borrow().clone();
         for node in nodes {
             let Some(seen) = view.get(&node.node_id) else {
                 node.liveness = "unknown".into();

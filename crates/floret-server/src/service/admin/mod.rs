@@ -23,17 +23,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Shards, View};
+use floret_cluster::Shards;
 use floret_proto::peer::v1::peer_client::PeerClient;
 use floret_proto::v1;
 use floret_store::NodeId;
-use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::deliver::DispatcherHandle;
 use crate::error::RequestError;
 use crate::faults::NodeFault;
+use crate::load_view::GossipStatus;
 use crate::request;
 use crate::router::ShardRouter;
 
@@ -50,7 +50,8 @@ pub struct AdminService {
     dispatcher: DispatcherHandle,
     router: ShardRouter,
     address: String,
-    view: Option<watch::Receiver<Arc<View>>>,
+    /// This node's gossip (none on a one-node cluster).
+    gossip: Option<GossipStatus>,
     fault: NodeFault,
 }
 
@@ -62,7 +63,7 @@ impl AdminService {
         dispatcher: DispatcherHandle,
         router: ShardRouter,
         address: String,
-        view: Option<watch::Receiver<Arc<View>>>,
+        gossip: Option<GossipStatus>,
         fault: NodeFault,
     ) -> Self {
         Self {
@@ -70,7 +71,7 @@ impl AdminService {
             dispatcher,
             router,
             address,
-            view,
+            gossip,
             fault,
         }
     }

@@ -5,18 +5,19 @@
 //! and every [`REBALANCE_INTERVAL`].
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
-use floret_cluster::View;
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
 use prost::Message;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::outbound::credit_room;
 use super::peer_source::{PeerSource, follow_peer};
-use super::{CreditChange, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources};
+use super::{
+    CreditChange, FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources,
+};
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
 use crate::request::{self, InvalidRequest};
 use crate::service::convert;
@@ -45,9 +46,15 @@ pub(super) struct Merge {
     /// Generation of each source's current stream; deliveries of an older
     /// stream no longer count against its credits.
     pub(super) generations: Vec<u64>,
+    /// The backlogged weight each source last reported on its current
+    /// stream (None before its first report).
+    pub(super) reported: Vec<Option<u64>>,
+    /// When each source was last heard from on its current stream.
+    pub(super) last_heard: Vec<Instant>,
+    /// When the first split may go ahead without every source's report.
+    pub(super) split_from: Instant,
     pub(super) split: CreditSplit,
-    /// The gossip view, when there is one, and whether to weigh by it.
-    pub(super) view: Option<watch::Receiver<Arc<View>>>,
+    /// Whether to weigh sources by their reports (else equally).
     pub(super) cross_node_split: bool,
     /// Credits the consumer granted and no delivery has used.
     pub(super) consumer_credits: u64,
@@ -77,7 +84,6 @@ pub async fn serve(
         settler,
         peers,
         max_credits,
-        view,
         cross_node_split,
     } = sources;
     let others: Vec<NodeId> = peers.others().collect();
@@ -107,6 +113,7 @@ pub async fn serve(
     connected[0] = true;
     let mut outstanding = vec![0; source_count];
     outstanding[0] = 1;
+    let started = Instant::now();
     let merge = Merge {
         queue,
         dispatcher,
@@ -116,8 +123,10 @@ pub async fn serve(
         connected,
         outstanding,
         generations: vec![0; source_count],
+        reported: vec![None; source_count],
+        last_heard: vec![started; source_count],
+        split_from: started + FIRST_SPLIT_WAIT,
         split: CreditSplit::new(source_count),
-        view,
         cross_node_split,
         consumer_credits: u64::from(credits.min(max_credits)),
         max_credits: u64::from(max_credits),
@@ -165,19 +174,28 @@ impl Merge {
                             outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
                         }));
                     }
+                    ConsumerEvent::Backlog(weight) => self.reported[0] = Some(weight),
                 },
                 Some(event) = peers.recv() => match event {
                     PeerEvent::Connected(source) => {
                         self.connected[source] = true;
                         self.outstanding[source] = 1;
+                        self.last_heard[source] = Instant::now();
                     }
                     PeerEvent::Delivery(source, generation, delivery) => {
+                        self.heard_from(source, generation);
                         self.on_delivery(source, generation, delivery);
+                    }
+                    PeerEvent::Backlog(source, generation, weight) => {
+                        if self.heard_from(source, generation) {
+                            self.reported[source] = Some(weight);
+                        }
                     }
                     PeerEvent::Disconnected(source) => {
                         self.connected[source] = false;
                         self.outstanding[source] = 0;
                         self.generations[source] += 1;
+                        self.reported[source] = None;
                         self.waiting.retain(|(index, _)| *index != source);
                     }
                 },
@@ -185,12 +203,22 @@ impl Merge {
             if self.outbound.is_closed() {
                 break;
             }
-            if let Err(status) = self.rebalance() {
+            if let Err(status) = self.rebalance(Instant::now()) {
                 let _consumer_gone = self.outbound.send(Err(status));
                 break;
             }
         }
         self.dispatcher.consumer_gone(self.local_consumer);
+    }
+
+    /// Notes that `source` spoke on its stream of `generation`; false if
+    /// that stream is no longer its current one.
+    fn heard_from(&mut self, source: SourceIndex, generation: u64) -> bool {
+        let current = generation == self.generations[source];
+        if current {
+            self.last_heard[source] = Instant::now();
+        }
+        current
     }
 
     fn send(&self, response: consume_response::Response) {

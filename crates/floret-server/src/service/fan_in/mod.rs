@@ -5,19 +5,30 @@
 //! node subscribes to its own dispatcher and, over the peer port, to
 //! every peer's, and merges the deliveries into the consumer's stream.
 //!
-//! Credits: the consumer's credits not yet promised to a node are split
-//! between the nodes by the backlogged weight each reports in the gossip
-//! view ([`CreditSplit`]), so each node delivers in proportion to its
-//! backlogged weight and every backlogged producer in the cluster gets
-//! about `weight / total weight` of the consumer, wherever it is placed.
-//! A live node with nothing backlogged keeps exactly one credit, so a
-//! message arriving there goes out at once; the rest of what it held is
-//! taken back (`Credit{set}`) and given to the backlogged nodes. Nodes the
-//! view declares dead get none. With the cross-node split off every
-//! backlogged node weighs the same (fair between nodes, not between
-//! producers); a one-node cluster has no view and one source. Deliveries beyond the
-//! consumer's credits (the one-per-node minimum can exceed them) wait here,
-//! so the consumer never gets more than it granted.
+//! Credits: every source reports its backlogged weight for the queue on
+//! its own stream, when the stream opens, when the weight changes and
+//! every second (`deliver/book/backlog.rs`, `service/own_dispatcher.rs`).
+//! The consumer's credits not yet promised to a source are split between
+//! the sources by those weights ([`CreditSplit`]), so each node delivers in
+//! proportion to its backlogged weight and every backlogged producer in the
+//! cluster gets about `weight / total weight` of the consumer, wherever it
+//! is placed. Nothing here reads the gossip view: a node is a source while
+//! its stream is open and it is heard from, whatever gossip says.
+//!
+//! A new merge splits nothing until every source has reported (or
+//! [`FIRST_SPLIT_WAIT`] has passed), so the first burst is split fairly
+//! rather than taken by whichever node answered first. A live source with
+//! nothing backlogged keeps exactly one credit, so a message arriving there
+//! goes out at once; the rest of what it held is taken back
+//! (`Credit{set}`) and given to the backlogged sources. A source that has
+//! reported once and then is silent for [`SOURCE_SILENT_AFTER`] (a frozen
+//! or cut-off node whose TCP connection has not broken yet) gets no
+//! credits until it is heard again; a source that never reports (a node of
+//! an older version) weighs 1. With the cross-node split off every
+//! backlogged source weighs the same (fair between nodes, not between
+//! producers). Deliveries beyond the consumer's credits (the one-per-node
+//! minimum can exceed them) wait here, so the consumer never gets more
+//! than it granted.
 //!
 //! Acks and nacks on the stream go through the [`Settler`], which sends each
 //! to the leader of its shard (where the lease is). A peer stream that
@@ -33,7 +44,8 @@
 //!   that made it; a consumer slower than the lease timeout with fewer
 //!   credits than nodes can get a copy whose lease lapsed (its ack then
 //!   fails and the message comes again: at-least-once still holds).
-//! - Weights are as fresh as the view (a gossip interval or two).
+//! - Credits a silent source held are not counted, but it may still use
+//!   them when it wakes; what it then delivers waits here for credit.
 
 mod credits;
 mod merge;
@@ -43,9 +55,8 @@ mod peer_source;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Peers, View};
+use floret_cluster::Peers;
 use floret_proto::v1;
-use tokio::sync::watch;
 
 pub use merge::serve;
 pub use outbound::{ConsumeStream, Outbound, channel};
@@ -55,8 +66,15 @@ use crate::settle::Settler;
 
 /// How long opening a consume stream on a peer may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the split is checked against the view without other events.
+/// How often the split is checked without other events (silent sources,
+/// the first split's wait).
 const REBALANCE_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest a new merge waits for every source's first backlog report
+/// before it splits credits among those that reported.
+const FIRST_SPLIT_WAIT: Duration = Duration::from_millis(500);
+/// A source that reported once and has been silent this long (three missed
+/// heartbeats) gets no credits until it is heard again.
+const SOURCE_SILENT_AFTER: Duration = Duration::from_secs(3);
 /// Pause before a broken peer stream is opened again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 /// Largest delivery accepted from a peer.
@@ -69,6 +87,8 @@ type SourceIndex = usize;
 enum PeerEvent {
     Connected(SourceIndex),
     Delivery(SourceIndex, u64, v1::Delivery),
+    /// The source's backlogged weight, on the stream of that generation.
+    Backlog(SourceIndex, u64, u64),
     Disconnected(SourceIndex),
 }
 
@@ -91,8 +111,6 @@ pub struct Sources {
     pub peers: Arc<Peers>,
     /// Most credits a consumer may hold.
     pub max_credits: u32,
-    /// The gossip view (none on a one-node cluster).
-    pub view: Option<watch::Receiver<Arc<View>>>,
     /// Split credits by backlogged weight (else equally between nodes).
     pub cross_node_split: bool,
 }

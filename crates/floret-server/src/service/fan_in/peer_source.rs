@@ -1,14 +1,15 @@
 //! One peer's dispatcher as a source of a merge: a consume stream of its
 //! own dispatcher (`Peer.Consume`, on its peer port) kept open while the
-//! merge lives, its deliveries
-//! passed in and the merge's credits passed out; a broken stream is opened
-//! again after a pause.
+//! merge lives, its deliveries and backlog reports passed in and the
+//! merge's credits passed out; a broken stream is opened again after a
+//! pause.
 
 use std::sync::Arc;
 
 use floret_cluster::Peers;
 use floret_proto::peer::v1::peer_client::PeerClient;
-use floret_proto::v1::{self, consume_request, consume_response};
+use floret_proto::peer::v1::{PeerConsumeResponse, peer_consume_response};
+use floret_proto::v1::{self, consume_request};
 use floret_store::NodeId;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -78,7 +79,7 @@ async fn open(
     channel: Channel,
     requests: &mpsc::UnboundedSender<v1::ConsumeRequest>,
     outgoing: mpsc::UnboundedReceiver<v1::ConsumeRequest>,
-) -> Result<Streaming<v1::ConsumeResponse>, Status> {
+) -> Result<Streaming<PeerConsumeResponse>, Status> {
     let subscribe = v1::ConsumeRequest {
         request: Some(consume_request::Request::Subscribe(v1::Subscribe {
             queue: source.queue.clone(),
@@ -115,11 +116,11 @@ struct PeerStream<'a> {
 }
 
 impl PeerStream<'_> {
-    /// Passes deliveries to the merge and its credits to the peer until
-    /// either side ends.
+    /// Passes deliveries and backlog reports to the merge and its credits
+    /// to the peer until either side ends.
     async fn relay(
         &self,
-        mut deliveries: Streaming<v1::ConsumeResponse>,
+        mut deliveries: Streaming<PeerConsumeResponse>,
         credits: &mut mpsc::UnboundedReceiver<(u64, CreditChange)>,
     ) -> Relay {
         loop {
@@ -133,8 +134,18 @@ impl PeerStream<'_> {
                     }
                 }
                 message = deliveries.message() => match message {
-                    Ok(Some(v1::ConsumeResponse { response: Some(consume_response::Response::Delivery(delivery)) })) => {
-                        let event = PeerEvent::Delivery(self.source.index, self.generation, delivery);
+                    Ok(Some(PeerConsumeResponse { response: Some(response) })) => {
+                        let event = match response {
+                            peer_consume_response::Response::Delivery(delivery) => {
+                                PeerEvent::Delivery(self.source.index, self.generation, delivery)
+                            }
+                            peer_consume_response::Response::Backlog(backlog) => PeerEvent::Backlog(
+                                self.source.index,
+                                self.generation,
+                                backlog.backlogged_weight,
+                            ),
+                            peer_consume_response::Response::Settled(_) => continue,
+                        };
                         if self.events.send(event).is_err() {
                             return Relay::MergeGone;
                         }

@@ -345,15 +345,28 @@ impl Harness {
 
     /// Deliveries each consumer received since the last call, in order.
     pub fn take_deliveries(&mut self) -> Vec<(ConsumerId, DeliveryId)> {
-        let mut deliveries = Vec::new();
+        self.take_events()
+            .into_iter()
+            .filter_map(|(consumer, event)| match event {
+                ConsumerEvent::Delivery(delivered) => Some((consumer, delivered.id)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Everything each consumer received since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<(ConsumerId, ConsumerEvent)> {
+        let mut events = Vec::new();
         for (&consumer, recorder) in &self.recorders {
-            for event in recorder.events.borrow_mut().drain(..) {
-                if let ConsumerEvent::Delivery(delivered) = event {
-                    deliveries.push((consumer, delivered.id));
-                }
-            }
+            events.extend(
+                recorder
+                    .events
+                    .borrow_mut()
+                    .drain(..)
+                    .map(|event| (consumer, event)),
+            );
         }
-        deliveries
+        events
     }
 
     /// Whether the store still holds the message.
@@ -378,7 +391,10 @@ impl Harness {
         }
     }
 
+    /// What the actor does after every turn: backlog reports, then the outbox.
     fn collect_outbox(&mut self) {
+        let now = self.now();
+        self.book.report_backlogs(now);
         let outbox = self.book.take_outbox();
         self.pending_discards.extend(outbox.discards);
     }

@@ -23,6 +23,8 @@
 //!   priority=1 expiry=drop`: set a queue's defaults (on every shard) or an override
 //! - `commit-discards`: the decided discards commit; `fail-discards`: their proposals fail
 //! - `status q`: the queue's counters; `stored q a 0`: whether the store holds it
+//! - `watch-backlog`: from here on, also print the backlog reports
+//!   consumers receive (`c1 backlog 3`)
 
 use std::collections::HashMap;
 use std::fs;
@@ -33,7 +35,7 @@ use floret_store::ShardId;
 use floret_store::policy::{Expiry, Policy};
 
 use super::Harness;
-use crate::deliver::{SettleCode, SettleKind, SettleOutcome};
+use crate::deliver::{ConsumerEvent, SettleCode, SettleKind, SettleOutcome};
 use crate::delivery_id::DeliveryId;
 
 /// Set to 1 to rewrite the recorded output instead of comparing.
@@ -127,6 +129,8 @@ struct Runner {
     harness: Harness,
     /// The shard each producer produced on first.
     placement: HashMap<String, ShardId>,
+    /// Whether backlog reports are printed.
+    watch_backlog: bool,
 }
 
 impl Default for Runner {
@@ -134,6 +138,7 @@ impl Default for Runner {
         Self {
             harness: Harness::new(SHARDS),
             placement: HashMap::new(),
+            watch_backlog: false,
         }
     }
 }
@@ -148,12 +153,17 @@ impl Runner {
             _ => self.harness.pending_discards.len(),
         };
         let mut output = self.command(&words)?;
-        output.extend(
-            self.harness
-                .take_deliveries()
-                .into_iter()
-                .map(|(consumer, id)| format!("c{consumer} <- {}", short(&id))),
-        );
+        for (consumer, event) in self.harness.take_events() {
+            match event {
+                ConsumerEvent::Delivery(delivered) => {
+                    output.push(format!("c{consumer} <- {}", short(&delivered.id)));
+                }
+                ConsumerEvent::Backlog(weight) if self.watch_backlog => {
+                    output.push(format!("c{consumer} backlog {weight}"));
+                }
+                _ => {}
+            }
+        }
         for discard in &self.harness.pending_discards[discards_before..] {
             for (id, message) in discard.ids.iter().zip(&discard.messages) {
                 let reason = format!("{:?}", message.reason).to_lowercase();
@@ -220,6 +230,7 @@ impl Runner {
                 return Ok(vec![format!("committed {}", harness.commit_discards())]);
             }
             ["fail-discards"] => harness.pending_discards.clear(),
+            ["watch-backlog"] => self.watch_backlog = true,
             ["status", queue] => return Ok(vec![self.status(queue)]),
             ["stored", queue, producer, sequence] => {
                 let shard = self.placement.get(*producer).copied().unwrap_or(0);

@@ -165,7 +165,7 @@ fn outbox_counts_deliveries_and_lapsed_leases() {
 }
 
 #[test]
-fn next_deadline_is_the_earliest_lease_or_held_message() {
+fn next_deadline_is_the_earliest_lease_held_message_or_backlog_report() {
     let mut harness = led_harness();
     assert_eq!(harness.book.next_deadline(harness.now()), None);
     harness.produce(0, "q", "a", 1, Some(5_000));
@@ -173,7 +173,14 @@ fn next_deadline_is_the_earliest_lease_or_held_message() {
     let now = harness.now();
     assert_eq!(
         harness.book.next_deadline(now),
-        Some(now.instant + Duration::from_secs(5))
+        Some(now.instant + crate::deliver::book::BACKLOG_REPORT_GAP),
+        "the held message left the backlog: the report of that waits for the gap"
+    );
+    harness.advance(crate::deliver::book::BACKLOG_REPORT_GAP);
+    let now = harness.now();
+    assert_eq!(
+        harness.book.next_deadline(now),
+        Some(now.instant + Duration::from_secs(5) - crate::deliver::book::BACKLOG_REPORT_GAP)
     );
 }
 
