@@ -60,6 +60,7 @@ async fn run_schedule_over(
         start_failpoints: start_failpoints.to_owned(),
         load_between_faults: Duration::from_secs(1),
         tls,
+        gossip_cut: false,
     })
     .await;
     let result = match result {
@@ -166,6 +167,17 @@ async fn leases_of_a_killed_consumer_are_never_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_with_a_wiped_data_dir_loses_or_resurrects_messages() {
     passes(Schedule::WipeNode, 3).await;
+}
+
+/// Every node's gossip cut under load for 15 s: nothing is lost or stuck,
+/// the nodes warn that they hear no gossip, and the view comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs floret built with --features failpoints"
+)]
+async fn delivery_stalls_while_gossip_is_cut() {
+    passes(Schedule::CutGossip, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 //! two cores). Every wait has a deadline; no test relies on a fixed sleep.
 
 mod bounded;
+mod consumer_moves;
 mod dev_cluster;
 mod gossip_blocked;
 mod harness;

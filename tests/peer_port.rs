@@ -199,9 +199,13 @@ async fn forged_vote_or_snapshot_chunk_stops_a_shard_for_good() {
         payload: b"after the forgeries".to_vec(),
         headers: Default::default(),
     };
+    // Just after the election the survivor may not know the new leader
+    // yet and answer UNAVAILABLE (outcome unknown): an idempotent producer
+    // retries that, as a client of a failing-over shard must.
     cluster
         .client(survivor)
-        .produce("default", &producer, vec![message])
+        .producer("default", &producer)
+        .send(vec![message])
         .await
         .expect("the shard serves after the forged vote and chunk");
 }

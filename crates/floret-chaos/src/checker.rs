@@ -20,7 +20,11 @@
 //! Fairness: Jain's index over each producer's first deliveries per
 //! one-second window, counting the producers that had acknowledged messages
 //! waiting at both ends of the window; reported as the median over windows
-//! with at least two such producers.
+//! with at least two such producers, and again over the fault-free windows
+//! (none of a round's fault, from its injection until
+//! [`RECOVERY_US`] after it healed, falls in them). A fault-free window
+//! whose index is below [`MIN_FAULT_FREE_JAIN`] is a violation: fairness
+//! must hold whenever nothing is broken.
 //!
 //! Unavailability: for each fault marked as a leader loss, the longest any
 //! producer went without an acknowledgement across it.
@@ -34,6 +38,11 @@ use crate::history::{Event, MessageId, Outcome, Payload, Record};
 
 /// Window for the fairness figure.
 const FAIRNESS_WINDOW_US: u64 = 1_000_000;
+/// Time after a heal that still counts as the fault's: leaderships return,
+/// leases lapse and redeliveries go out.
+pub const RECOVERY_US: u64 = 5_000_000;
+/// Lowest Jain's index a fault-free window may have.
+pub const MIN_FAULT_FREE_JAIN: f64 = 0.9;
 
 /// What the checker found.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -67,6 +76,10 @@ pub struct Report {
     /// Median Jain's index over the windows with at least two backlogged
     /// producers, and how many windows that was.
     pub fairness: Option<(f64, usize)>,
+    /// The same over the fault-free windows only.
+    pub fault_free_fairness: Option<(f64, usize)>,
+    /// Fault-free windows below [`MIN_FAULT_FREE_JAIN`]: `at <s>: <index>`.
+    pub unfair_windows: Vec<String>,
     /// For each leader loss, the longest gap between two acknowledgements
     /// of one producer that spans it, in milliseconds.
     pub unavailability_ms: Vec<u64>,
@@ -86,10 +99,15 @@ impl Report {
         list("unexpected", self.unexpected.clone());
         list("corrupted", self.corrupted.clone());
         list("order violations", self.order_violations.clone());
+        list(
+            &format!("fault-free windows with Jain's index below {MIN_FAULT_FREE_JAIN}"),
+            self.unfair_windows.clone(),
+        );
         found
     }
 
-    /// True when nothing was lost, unexpected, corrupted or out of order.
+    /// True when nothing was lost, unexpected, corrupted or out of order,
+    /// and every fault-free window was fair.
     pub fn is_valid(&self) -> bool {
         self.violations().is_empty()
     }
@@ -174,7 +192,7 @@ pub fn check(history: &[Record]) -> Report {
             Event::Settled { id } => {
                 attempts.entry(*id).or_default().settled_at = Some(record.at_us);
             }
-            Event::Fault { .. } => {}
+            Event::Fault { .. } | Event::Healed => {}
         }
     }
     let mut last_acked_sequence: HashMap<u32, (u64, u64)> = HashMap::new();
@@ -222,13 +240,62 @@ pub fn check(history: &[Record]) -> Report {
             _ => {}
         }
     }
-    report.fairness = fairness(&attempts);
+    let windows = fairness_windows(&attempts);
+    report.fairness = median(windows.iter().map(|&(_, index)| index).collect());
+    let faults = fault_spans(history);
+    let fault_free: Vec<(u64, f64)> = windows
+        .into_iter()
+        .filter(|&(start, _)| {
+            let stop = start + FAIRNESS_WINDOW_US;
+            faults.iter().all(|&(from, to)| stop <= from || start >= to)
+        })
+        .collect();
+    report.fault_free_fairness = median(fault_free.iter().map(|&(_, index)| index).collect());
+    report.unfair_windows = fault_free
+        .iter()
+        .filter(|&&(_, index)| index < MIN_FAULT_FREE_JAIN)
+        .map(|&(start, index)| format!("at {:.0} s: {index:.3}", start as f64 / 1e6))
+        .collect();
     report.unavailability_ms = unavailability(history);
     report
 }
 
-/// Median Jain's index over the windows with two or more backlogged producers.
-fn fairness(attempts: &BTreeMap<MessageId, Attempt>) -> Option<(f64, usize)> {
+/// The median of `indexes` and how many there were; None when empty.
+fn median(mut indexes: Vec<f64>) -> Option<(f64, usize)> {
+    if indexes.is_empty() {
+        return None;
+    }
+    indexes.sort_by(f64::total_cmp);
+    Some((indexes[indexes.len() / 2], indexes.len()))
+}
+
+/// When each round's fault held, in microseconds: from its first fault
+/// event until [`RECOVERY_US`] after the round healed (or the history ended).
+fn fault_spans(history: &[Record]) -> Vec<(u64, u64)> {
+    let mut spans = Vec::new();
+    let mut open: Option<u64> = None;
+    for record in history {
+        match record.event {
+            Event::Fault { .. } => {
+                open.get_or_insert(record.at_us);
+            }
+            Event::Healed => {
+                if let Some(from) = open.take() {
+                    spans.push((from, record.at_us + RECOVERY_US));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = open {
+        spans.push((from, u64::MAX));
+    }
+    spans
+}
+
+/// Each one-second window with two or more backlogged producers: its start
+/// and Jain's index over their first deliveries in it.
+fn fairness_windows(attempts: &BTreeMap<MessageId, Attempt>) -> Vec<(u64, f64)> {
     let mut acked_at: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut delivered_at: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut end = 0;
@@ -252,7 +319,7 @@ fn fairness(attempts: &BTreeMap<MessageId, Attempt>) -> Option<(f64, usize)> {
     let waiting = |producer: u32, t: u64| {
         count_by(acked_at.get(&producer), t) > count_by(delivered_at.get(&producer), t)
     };
-    let mut indexes = Vec::new();
+    let mut windows = Vec::new();
     let mut start = 0;
     while start < end {
         let stop = start + FAIRNESS_WINDOW_US;
@@ -267,15 +334,11 @@ fn fairness(attempts: &BTreeMap<MessageId, Attempt>) -> Option<(f64, usize)> {
         if shares.len() >= 2
             && let Some(index) = jain_index(&shares)
         {
-            indexes.push(index);
+            windows.push((start, index));
         }
         start = stop;
     }
-    if indexes.is_empty() {
-        return None;
-    }
-    indexes.sort_by(f64::total_cmp);
-    Some((indexes[indexes.len() / 2], indexes.len()))
+    windows
 }
 
 /// For each leader loss, the longest gap between acknowledgements of one

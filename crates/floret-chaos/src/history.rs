@@ -130,13 +130,15 @@ pub enum Event {
         /// The attempt whose delivery was acked.
         id: MessageId,
     },
-    /// A fault was injected or healed.
+    /// A fault was injected, or a step of one.
     Fault {
         /// Schedule step, e.g. `kill leader of shard 0 (node 2)`.
         what: String,
         /// Whether this starts a leader loss (counted for unavailability).
         leader_loss: bool,
     },
+    /// The round's fault is healed and the target shard has a leader.
+    Healed,
 }
 
 /// An event and when it happened, in microseconds since the run began.

@@ -51,6 +51,10 @@ struct Args {
     /// between the nodes (certificates from `floret certs`).
     #[arg(long)]
     tls: bool,
+    /// Cut every node's gossip (UDP) for whole runs: delivery and fairness
+    /// must not depend on it.
+    #[arg(long)]
+    gossip_cut: bool,
 }
 
 /// Totals of one schedule over its runs.
@@ -132,17 +136,24 @@ fn main() -> anyhow::Result<()> {
             start_failpoints: String::new(),
             load_between_faults: Duration::from_secs(args.load_seconds),
             tls: args.tls,
+            gossip_cut: args.gossip_cut,
         };
         let result = runtime.block_on(run(spec))?;
         let problems = result.problems();
         println!(
-            "{:<22} {:>4.0} s  acked {:>6}  lost {}  dup {:>5}  unavailability {:?} ms  {}",
+            "{:<22} {:>4.0} s  acked {:>6}  lost {}  dup {:>5}  unavailability {:?} ms  fault-free Jain {}  {}",
             result.schedule,
             result.seconds,
             result.report.acknowledged,
             result.report.lost.len(),
             result.report.duplicated,
             result.report.unavailability_ms,
+            result
+                .report
+                .fault_free_fairness
+                .map_or("-".to_owned(), |(median, windows)| format!(
+                    "{median:.3} over {windows} s"
+                )),
             if problems.is_empty() {
                 "ok".to_owned()
             } else {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::checker::{Report, check};
 use crate::cluster::{Cluster, ClusterSpec};
-use crate::history::Recorder;
+use crate::history::{Event, Recorder};
 use crate::schedule::Schedule;
 use crate::workload::{QUEUE, Workload, WorkloadSpec};
 
@@ -39,6 +39,8 @@ pub struct RunSpec {
     pub load_between_faults: Duration,
     /// Run the cluster over TLS and mutual TLS.
     pub tls: bool,
+    /// Cut every node's gossip for the whole run.
+    pub gossip_cut: bool,
 }
 
 /// What a run found.
@@ -96,6 +98,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         config: spec.schedule.config(),
         start_failpoints: spec.start_failpoints.clone(),
         tls: spec.tls,
+        gossip_cut: spec.gossip_cut,
     })
     .await?;
     let recorder = Recorder::new();
@@ -123,6 +126,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
                 cluster.heal().await?;
             }
         }
+        recorder.record(Event::Healed);
     }
     tokio::time::sleep(spec.load_between_faults).await;
     workload.stop_producing().await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::cluster::{Cluster, NodeId, flip_bit};
+use crate::cluster::{Cluster, FULL_VIEW_DEADLINE, NodeId, flip_bit};
 use crate::history::{Event, Recorder};
 use crate::workload::Workload;
 
@@ -22,6 +22,8 @@ const LEADER_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a wiped or damaged node may take to catch up again (an
 /// operator waits for that before touching another node).
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
+/// How long every node's gossip stays cut: past the nodes' silence warning.
+const GOSSIP_CUT_HOLD: Duration = Duration::from_secs(15);
 /// The shard whose leader the leader faults target.
 const TARGET_SHARD: u32 = 0;
 
@@ -63,11 +65,15 @@ pub enum Schedule {
     /// Every node killed at once and restarted as after a power failure:
     /// what was written and never synced is gone.
     PowerLoss,
+    /// Every node's gossip datagrams dropped (TCP untouched) past the
+    /// silence warning, which the nodes must give; healed, the view must
+    /// become complete again.
+    CutGossip,
 }
 
 impl Schedule {
     /// Every schedule.
-    pub const ALL: [Schedule; 11] = [
+    pub const ALL: [Schedule; 12] = [
         Schedule::KillLeader,
         Schedule::KillRandom,
         Schedule::PauseLeader,
@@ -79,6 +85,7 @@ impl Schedule {
         Schedule::CorruptLog,
         Schedule::CrashAtFaultPoints,
         Schedule::PowerLoss,
+        Schedule::CutGossip,
     ];
 
     /// Its name on the command line and in reports.
@@ -95,6 +102,7 @@ impl Schedule {
             Schedule::CorruptLog => "corrupt-log",
             Schedule::CrashAtFaultPoints => "crash-at-fault-points",
             Schedule::PowerLoss => "power-loss",
+            Schedule::CutGossip => "cut-gossip",
         }
     }
 
@@ -227,6 +235,22 @@ impl Schedule {
                 cluster
                     .restart_all(&every_node, "power-loss-on-open=return")
                     .await?;
+            }
+            Schedule::CutGossip => {
+                fault("cut every node's gossip".into(), false);
+                cluster.set_gossip_cut(true)?;
+                tokio::time::sleep(GOSSIP_CUT_HOLD).await;
+                let warning = cluster.warning_of_gossip_silence().await;
+                if warning.is_empty() {
+                    bail!(
+                        "no node warned that it hears no gossip after {GOSSIP_CUT_HOLD:?} without it"
+                    );
+                }
+                observed.push(format!("nodes {warning:?} warned that they hear no gossip"));
+                if !cluster.gossip_cut_throughout() {
+                    cluster.set_gossip_cut(false)?;
+                    cluster.wait_for_full_view(FULL_VIEW_DEADLINE).await?;
+                }
             }
         }
         cluster.heal().await?;

@@ -22,10 +22,12 @@
 //! A cluster that serves TLS is dialled with [`Client::connect_lazy_tls`]
 //! and the cluster's CA ([`ClientTls`]).
 //!
+//! A [`Consumer`] of a client given several nodes subscribes through one
+//! of them and moves to another when that node's stream breaks or ends
+//! (the `consumer` module).
+//!
 //! IMPLEMENTATION CAVEATS
 //! - No client certificates yet: the client proves nothing about itself.
-//! - A consume stream is bound to one node; when that node dies the stream
-//!   ends and the caller opens a new one.
 
 mod admin;
 mod coalesce;
@@ -43,6 +45,7 @@ use crate::coalesce::Coalescer;
 use crate::routes::{Routes, host_port};
 
 pub use coalesce::ProduceCoalescing;
+use consumer::ConsumeNode;
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
     AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, Message,
@@ -129,6 +132,8 @@ pub struct Client {
     retry: RetryPolicy,
     /// Leaders of producers, when the client was given several nodes.
     routes: Option<Arc<Routes>>,
+    /// Every node the client was given, for consumers to subscribe through.
+    consume_nodes: Arc<Vec<ConsumeNode>>,
 }
 
 impl Client {
@@ -155,16 +160,23 @@ impl Client {
             .iter()
             .map(|node| endpoint(node, tls))
             .collect::<Result<Vec<_>, _>>()?;
-        let (channel, routes) = match endpoints.as_slice() {
+        let (channel, routes, consume_nodes) = match endpoints.as_slice() {
             [] => {
                 return Err(ClientError::InvalidAddress {
                     address: address.to_owned(),
                     reason: "no address given".into(),
                 });
             }
-            [one] => (one.connect_lazy(), None),
+            [one] => {
+                let channel = one.connect_lazy();
+                let node = (
+                    host_port(nodes[0]).to_owned(),
+                    floret_client(channel.clone()),
+                );
+                (channel, None, vec![node])
+            }
             _ => {
-                let each_node = nodes
+                let each_node: Vec<ConsumeNode> = nodes
                     .iter()
                     .zip(&endpoints)
                     .map(|(node, endpoint)| {
@@ -172,10 +184,11 @@ impl Client {
                         (host_port(node).to_owned(), client)
                     })
                     .collect();
-                let routes = Routes::new(each_node, ProduceCoalescing::default());
+                let routes = Routes::new(each_node.clone(), ProduceCoalescing::default());
                 (
                     Channel::balance_list(endpoints.into_iter()),
                     Some(Arc::new(routes)),
+                    each_node,
                 )
             }
         };
@@ -187,6 +200,7 @@ impl Client {
             health: tonic_health::pb::health_client::HealthClient::new(channel),
             retry: RetryPolicy::default(),
             routes,
+            consume_nodes: Arc::new(consume_nodes),
         })
     }
 
@@ -311,9 +325,13 @@ impl Client {
         }
     }
 
-    /// Opens a consume stream on `queue` with `credits` first credits.
+    /// Opens a consume stream on `queue` with `credits` first credits,
+    /// through one of the client's nodes (a different one from call to
+    /// call, so consumers spread over the cluster).
     pub async fn consume(&self, queue: &str, credits: u32) -> Result<Consumer, ClientError> {
-        Consumer::open(&mut self.floret.clone(), queue, credits).await
+        let nodes = self.consume_nodes.as_ref().clone();
+        let start = now_micros() as usize % nodes.len();
+        Consumer::open(nodes, start, queue, credits).await
     }
 
     /// Acks deliveries outside a consume stream.

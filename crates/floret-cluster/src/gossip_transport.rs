@@ -12,7 +12,8 @@
 //! between that socket and the network (`gossip_relay.rs`). Without a
 //! secret (a loopback cluster) chitchat's socket is used directly and
 //! datagrams carry no tag. The `gossip-send-drop` fault point drops every
-//! datagram this node would send, as a firewall that lets only TCP through.
+//! datagram this node would send, as a firewall that lets only TCP through
+//! (with `return(FILE)`: while FILE exists).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A recorded datagram can be replayed within the clock-skew window;
@@ -113,7 +114,10 @@ pub(crate) const GOSSIP_SEND_DROP: &str = "gossip-send-drop";
 
 /// Whether this datagram is to be dropped instead of sent (a fault point).
 pub(crate) fn send_dropped_by_fault() -> bool {
-    floret_store::failpoints::fires(GOSSIP_SEND_DROP)
+    match floret_store::failpoints::argument(GOSSIP_SEND_DROP) {
+        Some(file) => std::path::Path::new(&file).exists(),
+        None => floret_store::failpoints::fires(GOSSIP_SEND_DROP),
+    }
 }
 
 /// chitchat's transport over UDP, sealing with `secret` when there is one.

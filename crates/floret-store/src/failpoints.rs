@@ -16,7 +16,7 @@
 //! | `wal-sync-fails` | the raft log's sync fails as an `fdatasync` error would (the log stops) |
 //! | `power-loss-on-open` | opening the data dir first throws away what the last run wrote and never synced |
 //! | `disk-free-bytes` | (in the server) `return(FILE)`: the free space the node sees is the number in FILE, while FILE exists |
-//! | `gossip-send-drop` | (in the cluster) every gossip datagram this node would send is dropped, as by a firewall that passes only TCP |
+//! | `gossip-send-drop` | (in the cluster) every gossip datagram this node would send is dropped, as by a firewall that passes only TCP; with `return(FILE)`, while FILE exists |
 //!
 //! **Power-loss emulation.** SIGKILL keeps the page cache, so it cannot show
 //! a missing `fdatasync`. With the feature on, every completed sync of the

@@ -259,3 +259,39 @@ fn unavailability_is_the_longest_ack_gap_across_a_leader_loss() {
         "completed at 1 ms and at 9 ms"
     );
 }
+
+#[test]
+fn hog_while_nothing_is_broken_goes_unreported() {
+    let skewed = two_backlogged_producers(90, 10, 5);
+    let report = check(&skewed);
+    let (_, fault_free) = report.fault_free_fairness.expect("fault-free windows");
+    assert_eq!(report.unfair_windows.len(), fault_free);
+    assert!(
+        report
+            .violations()
+            .iter()
+            .any(|v| v.contains("fault-free windows with Jain's index below 0.9")),
+        "{:?}",
+        report.violations()
+    );
+
+    let mut during_a_fault = vec![Record {
+        at_us: 0,
+        event: Event::Fault {
+            what: "kill".into(),
+            leader_loss: true,
+        },
+    }];
+    during_a_fault.extend(skewed);
+    during_a_fault.push(Record {
+        at_us: 500_000,
+        event: Event::Healed,
+    });
+    let report = check(&during_a_fault);
+    assert_eq!(
+        report.fault_free_fairness, None,
+        "every window within the fault or its recovery"
+    );
+    assert!(report.unfair_windows.is_empty());
+    assert!(report.fairness.is_some());
+}

@@ -87,12 +87,14 @@ impl Cluster {
         }
     }
 
-    /// Heals every link, resumes every paused node, and restarts every node
-    /// that is down (without fault points).
+    /// Heals every link and gossip (unless the run cuts it throughout),
+    /// resumes every paused node, and restarts every node that is down
+    /// (without fault points).
     pub async fn heal(&mut self) -> anyhow::Result<()> {
         for link in self.links.values() {
             link.set_cut(false);
         }
+        self.set_gossip_cut(self.spec.gossip_cut)?;
         let mut down = Vec::new();
         for id in self.ids() {
             if self.nodes[&id].paused {

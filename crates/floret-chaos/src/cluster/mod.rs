@@ -3,7 +3,8 @@
 //! it: SIGKILL, SIGSTOP/SIGCONT, restarts (with fault points switched on
 //! through `FAILPOINTS`), partitions, and damage to a stopped node's data dir.
 //!
-//! The faults themselves are `faults.rs`.
+//! The faults themselves are `faults.rs`; cutting gossip and checking the
+//! view is `gossip.rs`.
 //!
 //! Node `i` dials node `j`'s peer port through its own proxy `i→j`;
 //! clients dial the nodes' client ports directly. With `tls` the nodes
@@ -32,11 +33,15 @@ use crate::process::{
 use crate::proxy::Link;
 
 mod faults;
+mod gossip;
 
 pub use faults::flip_bit;
 
 /// Node ids are 1..=size.
 pub type NodeId = u64;
+
+/// How long a started cluster's gossip may take to see every node alive.
+pub const FULL_VIEW_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What a run's nodes are started with.
 #[derive(Debug, Clone)]
@@ -53,6 +58,9 @@ pub struct ClusterSpec {
     pub start_failpoints: String,
     /// Serve TLS on the client ports and mutual TLS between the nodes.
     pub tls: bool,
+    /// Cut every node's gossip for the whole run (else the view must be
+    /// complete before the run goes on).
+    pub gossip_cut: bool,
 }
 
 /// One node's process, when it runs.
@@ -113,12 +121,16 @@ impl Cluster {
             links,
             certs,
         };
+        cluster.set_gossip_cut(cluster.spec.gossip_cut)?;
         let failpoints = cluster.spec.start_failpoints.clone();
         for id in 1..=cluster.spec.size {
             cluster.spawn(id, &failpoints)?;
         }
         for id in 1..=cluster.spec.size {
             cluster.wait_ready(id).await?;
+        }
+        if !cluster.spec.gossip_cut {
+            cluster.wait_for_full_view(FULL_VIEW_DEADLINE).await?;
         }
         Ok(cluster)
     }
@@ -206,7 +218,7 @@ impl Cluster {
             .args(args.to_args())
             .env("RUST_LOG", LOG_FILTER)
             .env("FLORET_MIN_FREE_BYTES", TEST_MIN_FREE_BYTES)
-            .env("FAILPOINTS", failpoints)
+            .env("FAILPOINTS", self.with_gossip_cut(failpoints))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
