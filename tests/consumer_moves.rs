@@ -79,3 +79,59 @@ async fn consumer_stream_ends_when_its_node_dies() {
         "delivered what no producer sent"
     );
 }
+
+/// A consumer that has used every credit it granted when its node is
+/// killed (it acks and grants in batches) moves with none, and its next
+/// grant reaches the new node. Before, every node refused a subscribe with
+/// no credits and the consumer gave up after 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_without_credits_left_cannot_move() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let every_node = cluster.client_of(&cluster.addresses());
+    let acknowledged = produce_all(12, |_| every_node.clone(), 2, 10).await;
+    let expected: HashSet<(String, u64)> = acknowledged.lock().unwrap().iter().cloned().collect();
+
+    let mut consumer = every_node.consume("default", 8).await.unwrap();
+    let first_node = consumer.node().to_owned();
+    let mut delivered: HashSet<(String, u64)> = HashSet::new();
+    let mut batch = Vec::new();
+    while batch.len() < 8 {
+        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("an event within 10 s")
+            .expect("the consumer goes on")
+            .expect("the stream stays open");
+        if let ConsumerEvent::Delivery(delivery) = event {
+            delivered.insert(key_of(&delivery));
+            batch.push(delivery.delivery_id);
+        }
+    }
+    let victim = (1..=3)
+        .find(|&id| cluster.address(id) == first_node)
+        .expect("the consumer's node");
+    cluster.kill(victim);
+    consumer.ack(batch).await.unwrap();
+    consumer.credit(8).await.unwrap();
+    let deadline = Instant::now() + DRAIN_DEADLINE;
+    while !expected.is_subset(&delivered) {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} delivered",
+            delivered.len(),
+            expected.len()
+        );
+        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("an event within 10 s of the kill")
+            .expect("the consumer moved")
+            .expect("the stream stays open");
+        if let ConsumerEvent::Delivery(delivery) = event {
+            delivered.insert(key_of(&delivery));
+            consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+            consumer.credit(1).await.unwrap();
+        }
+    }
+    assert_ne!(consumer.node(), first_node);
+}

@@ -350,10 +350,18 @@ async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
         status_code(client.ack(vec![]).await.unwrap_err()),
         Code::InvalidArgument
     );
-    let zero_credits = async { client.consume("default", 0).await?.next().await };
+    let mut waiting = client
+        .consume("default", 0)
+        .await
+        .expect("a subscribe with no credits waits for the first grant");
+    let zero_grant = async {
+        waiting.credit(0).await?;
+        waiting.next().await
+    };
     assert_eq!(
-        status_code(zero_credits.await.unwrap_err()),
-        Code::InvalidArgument
+        status_code(zero_grant.await.unwrap_err()),
+        Code::InvalidArgument,
+        "a grant of no credits"
     );
 
     let response = client

@@ -19,10 +19,11 @@
 //!
 //! Fairness: Jain's index over each producer's first deliveries per
 //! one-second window, counting the producers that had acknowledged messages
+//! (delivered later: a lost one is reported as lost, not as unfairness)
 //! waiting at both ends of the window; reported as the median over windows
 //! with at least two such producers, and again over the fault-free windows
-//! (none of a round's fault, from its injection until
-//! [`RECOVERY_US`] after it healed, falls in them). A fault-free window
+//! (none of a round, from its start until [`RECOVERY_US`] after it healed
+//! and every shard was led by its preferred replica again, falls in them). A fault-free window
 //! whose index is below [`MIN_FAULT_FREE_JAIN`] is a violation: fairness
 //! must hold whenever nothing is broken.
 //!
@@ -300,9 +301,11 @@ fn fairness_windows(attempts: &BTreeMap<MessageId, Attempt>) -> Vec<(u64, f64)> 
     let mut delivered_at: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut end = 0;
     for (id, attempt) in attempts {
-        if let (Some(Outcome::Acknowledged { .. }), Some(invoked)) =
-            (&attempt.outcome, attempt.invoked_at)
-        {
+        if let (Some(Outcome::Acknowledged { .. }), Some(invoked), Some(_)) = (
+            &attempt.outcome,
+            attempt.invoked_at,
+            attempt.first_delivered_at,
+        ) {
             acked_at.entry(id.producer).or_default().push(invoked);
         }
         if let Some(at) = attempt.first_delivered_at {

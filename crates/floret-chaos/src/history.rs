@@ -137,7 +137,8 @@ pub enum Event {
         /// Whether this starts a leader loss (counted for unavailability).
         leader_loss: bool,
     },
-    /// The round's fault is healed and the target shard has a leader.
+    /// The round's fault is healed and every shard is led by its
+    /// preferred replica again.
     Healed,
 }
 

@@ -18,6 +18,9 @@ use crate::workload::{QUEUE, Workload, WorkloadSpec};
 const DRAIN_DEADLINE: Duration = Duration::from_secs(90);
 /// How long replicas may take to apply the same entries after the drain.
 const DIGEST_DEADLINE: Duration = Duration::from_secs(30);
+/// How long leaderships a fault moved may take to be handed back; the
+/// round counts as healed only then (a hand-back pauses its shard).
+const LEADERSHIP_RETURN_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -115,6 +118,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
     let mut schedule_failures = Vec::new();
     for round in 0..spec.rounds {
         tokio::time::sleep(spec.load_between_faults).await;
+        recorder.record(Event::Fault {
+            what: format!("round {round} begins"),
+            leader_loss: false,
+        });
         match spec
             .schedule
             .inject(round, &mut cluster, &mut workload, &recorder)
@@ -125,6 +132,14 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
                 schedule_failures.push(format!("round {round}: {error:#}"));
                 cluster.heal().await?;
             }
+        }
+        if !cluster
+            .wait_for_preferred_leaders(LEADERSHIP_RETURN_DEADLINE)
+            .await
+        {
+            observations.push(format!(
+                "round {round}: leadership not back at the preferred replicas within {LEADERSHIP_RETURN_DEADLINE:?}"
+            ));
         }
         recorder.record(Event::Healed);
     }

@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 
 use crate::cluster::{Cluster, FULL_VIEW_DEADLINE, NodeId, flip_bit};
 use crate::history::{Event, Recorder};
+use crate::process::poll;
 use crate::workload::Workload;
 
 /// How long a paused or partitioned leader stays so: beyond the leader
@@ -22,8 +23,9 @@ const LEADER_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a wiped or damaged node may take to catch up again (an
 /// operator waits for that before touching another node).
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
-/// How long every node's gossip stays cut: past the nodes' silence warning.
-const GOSSIP_CUT_HOLD: Duration = Duration::from_secs(15);
+/// How long after gossip is cut every node must warn of it: the warning
+/// comes 10 s after the last member was heard, checked every 2 s.
+const GOSSIP_WARNING_DEADLINE: Duration = Duration::from_secs(25);
 /// The shard whose leader the leader faults target.
 const TARGET_SHARD: u32 = 0;
 
@@ -239,14 +241,27 @@ impl Schedule {
             Schedule::CutGossip => {
                 fault("cut every node's gossip".into(), false);
                 cluster.set_gossip_cut(true)?;
-                tokio::time::sleep(GOSSIP_CUT_HOLD).await;
-                let warning = cluster.warning_of_gossip_silence().await;
-                if warning.is_empty() {
+                let cut_at = tokio::time::Instant::now();
+                let every_node = cluster.serving();
+                let warned = poll(
+                    GOSSIP_WARNING_DEADLINE,
+                    Duration::from_millis(500),
+                    || async {
+                        let warning = cluster.warning_of_gossip_silence().await;
+                        (warning == every_node).then_some(())
+                    },
+                )
+                .await;
+                if warned.is_none() {
                     bail!(
-                        "no node warned that it hears no gossip after {GOSSIP_CUT_HOLD:?} without it"
+                        "nodes {:?} of {every_node:?} warned that they hear no gossip {GOSSIP_WARNING_DEADLINE:?} after it was cut",
+                        cluster.warning_of_gossip_silence().await
                     );
                 }
-                observed.push(format!("nodes {warning:?} warned that they hear no gossip"));
+                observed.push(format!(
+                    "nodes {every_node:?} warned that they hear no gossip {:.1} s after it was cut",
+                    cut_at.elapsed().as_secs_f64()
+                ));
                 if !cluster.gossip_cut_throughout() {
                     cluster.set_gossip_cut(false)?;
                     cluster.wait_for_full_view(FULL_VIEW_DEADLINE).await?;

@@ -2,9 +2,12 @@
 //! results, grant credits, ack and nack, all on one bidirectional stream.
 //!
 //! A consumer of a client given several nodes follows the cluster: when its
-//! node's stream breaks or ends (the node died, was stopped or restarted),
-//! it subscribes again through the next node that answers, with the
-//! credits the old stream had left, and goes on. What the old stream had
+//! node's stream breaks or ends (the node died, was stopped or restarted:
+//! the stream ended, or failed UNAVAILABLE, CANCELLED, UNKNOWN or
+//! DEADLINE_EXCEEDED), it subscribes again through the next node that
+//! answers, with the credits the old stream had left (none, if it had
+//! used them all: the next grant reaches the new node), and goes on. Other errors (a request
+//! the server refused) end it as they end a one-node consumer. What the old stream had
 //! delivered and not seen acked comes again from its shard's leader with
 //! `attempt + 1` (at-least-once); acks and credits sent while the stream was
 //! breaking are lost with it without an error (the credits are counted here
@@ -33,8 +36,12 @@ const OUTBOUND_BUFFER: usize = 1_024;
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a consumer keeps looking for a node to move to.
 const MOVE_DEADLINE: Duration = Duration::from_secs(30);
-/// Pause after every node refused, before trying them all again.
+/// Pause after every node refused, before trying them all again, and
+/// before a move that follows another within [`MOVES_APART`].
 const MOVE_RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// Moves closer together than this are paused: a node that takes a
+/// subscribe and ends the stream at once must not make a busy loop.
+const MOVES_APART: Duration = Duration::from_secs(1);
 
 /// What the server sends on a consume stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +66,8 @@ pub struct Consumer {
     /// Credits the server may still use: the first ones and every grant,
     /// less the deliveries received.
     credits: AtomicU64,
+    /// When it last moved.
+    moved_at: Option<tokio::time::Instant>,
     requests: mpsc::Sender<v1::ConsumeRequest>,
     responses: Streaming<v1::ConsumeResponse>,
 }
@@ -81,6 +90,7 @@ impl Consumer {
                         nodes,
                         on,
                         credits: AtomicU64::new(u64::from(credits)),
+                        moved_at: None,
                         requests,
                         responses,
                     });
@@ -113,9 +123,20 @@ impl Consumer {
                     None => continue,
                 },
                 Ok(None) => Ok(None),
-                Err(status) => Err(ClientError::from(status)),
+                Err(status) => Err(status),
             };
-            if self.nodes.len() < 2 {
+            let node_went_away = match &ended {
+                Ok(_) => true,
+                Err(status) => matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Cancelled
+                        | tonic::Code::Unknown
+                        | tonic::Code::DeadlineExceeded
+                ),
+            };
+            let ended = ended.map_err(ClientError::from);
+            if self.nodes.len() < 2 || !node_went_away {
                 return ended;
             }
             let reason = match &ended {
@@ -133,6 +154,12 @@ impl Consumer {
     async fn move_on(&mut self, reason: &str) -> bool {
         let from = self.on;
         let started = tokio::time::Instant::now();
+        if self
+            .moved_at
+            .is_some_and(|moved| started.duration_since(moved) < MOVES_APART)
+        {
+            tokio::time::sleep(MOVE_RETRY_PAUSE).await;
+        }
         let credits = u32::try_from(*self.credits.get_mut()).unwrap_or(u32::MAX);
         while started.elapsed() < MOVE_DEADLINE {
             for offset in 1..=self.nodes.len() {
@@ -148,6 +175,7 @@ impl Consumer {
                         "consume stream moved to another node"
                     );
                     (self.on, self.requests, self.responses) = (on, requests, responses);
+                    self.moved_at = Some(tokio::time::Instant::now());
                     return true;
                 }
             }

@@ -22,7 +22,7 @@
 //! Peers are first sought at their peer ports' numbers over UDP (the
 //! seeds); a member whose gossip port differs is reached through
 //! [`Gossip::introduce`] once its address is learned over the peer API
-//! (`load_view.rs` in the server).
+//! (`gossip_reach.rs` in the server).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;

@@ -114,9 +114,10 @@ pub(crate) const GOSSIP_SEND_DROP: &str = "gossip-send-drop";
 
 /// Whether this datagram is to be dropped instead of sent (a fault point).
 pub(crate) fn send_dropped_by_fault() -> bool {
-    match floret_store::failpoints::argument(GOSSIP_SEND_DROP) {
-        Some(file) => std::path::Path::new(&file).exists(),
-        None => floret_store::failpoints::fires(GOSSIP_SEND_DROP),
+    match floret_store::failpoints::fires_with(GOSSIP_SEND_DROP) {
+        Some(Some(file)) => std::path::Path::new(&file).exists(),
+        Some(None) => true,
+        None => false,
     }
 }
 

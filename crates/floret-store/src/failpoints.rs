@@ -56,6 +56,21 @@ pub fn fires(name: &str) -> bool {
     }
 }
 
+/// Whether the fault point `name` fires now, with its argument if it has
+/// one (`return(ARG)`): one evaluation, so counted actions (`2*return`)
+/// count once.
+pub fn fires_with(name: &str) -> Option<Option<String>> {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::eval(name, |argument| argument)
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        None
+    }
+}
+
 /// The argument of the fault point `name` (`return(ARG)`) when it fires.
 pub fn argument(name: &str) -> Option<String> {
     #[cfg(feature = "failpoints")]

@@ -181,7 +181,8 @@ fn unknown_attempts_may_land_out_of_order() {
     assert!(report.is_valid(), "{:?}", report.violations());
 }
 
-/// Two producers backlogged for `seconds`, delivered `a` and `b` per second.
+/// Two producers backlogged for `seconds`, delivered `a` and `b` per
+/// second, then drained at once half a second later.
 fn two_backlogged_producers(a: u64, b: u64, seconds: u64) -> Vec<Record> {
     let mut records = Vec::new();
     let total = (a + b) * seconds + 10;
@@ -218,6 +219,22 @@ fn two_backlogged_producers(a: u64, b: u64, seconds: u64) -> Vec<Record> {
                     },
                 });
             }
+        }
+    }
+    let drained_at = seconds * 1_000_000 + 500_000;
+    for (producer, rate) in [(0, a), (1, b)] {
+        for counter in rate * seconds..total {
+            records.push(Record {
+                at_us: drained_at,
+                event: Event::Delivered {
+                    consumer: 0,
+                    session: producer as u64,
+                    producer_id: producer_name(producer),
+                    sequence: counter,
+                    attempt: 1,
+                    payload: Payload::Intact(id(producer, counter)),
+                },
+            });
         }
     }
     records.sort_by_key(|r| r.at_us);

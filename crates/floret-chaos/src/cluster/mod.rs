@@ -355,6 +355,27 @@ impl Cluster {
         .await
     }
 
+    /// Waits until every shard is led by its preferred replica, as a
+    /// serving node reports it: the leaderships a fault moved have been
+    /// handed back. False after `within`.
+    pub async fn wait_for_preferred_leaders(&self, within: Duration) -> bool {
+        poll(within, Duration::from_millis(200), || async {
+            let id = *self.serving().first()?;
+            let status =
+                tokio::time::timeout(Duration::from_secs(2), self.client(id).cluster_status())
+                    .await
+                    .ok()?
+                    .ok()?;
+            status
+                .shards
+                .iter()
+                .all(|shard| shard.leader_id != 0 && shard.leader_id == shard.preferred_leader_id)
+                .then_some(())
+        })
+        .await
+        .is_some()
+    }
+
     /// Every replica's (applied index, digest) per shard, from every node;
     /// waits up to `within` for the replicas of each shard to agree on the
     /// applied index. Returns the shards whose replicas differ.

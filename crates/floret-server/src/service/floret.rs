@@ -195,8 +195,5 @@ pub(crate) async fn read_subscribe(
         )
         .into());
     };
-    Ok((
-        request::queue_name(&subscribe.queue)?,
-        request::credits(subscribe.credits)?,
-    ))
+    Ok((request::queue_name(&subscribe.queue)?, subscribe.credits))
 }
