@@ -39,6 +39,15 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
+/// Why an append call brought nothing back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendCallError {
+    /// No answer within the call's time: the peer may be slow, not gone.
+    TimedOut,
+    /// The peer refused the call or the stream broke.
+    Failed(String),
+}
+
 /// A batch stops taking more messages once it holds this many payload bytes
 /// (so it is at most this plus one message).
 const BATCH_TARGET_BYTES: usize = 256 * 1024;
@@ -149,7 +158,7 @@ impl AppendStream {
         shard: ShardId,
         payload: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, AppendCallError> {
         let call_id = self.next_call_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
         let call = RaftCall {
@@ -157,12 +166,12 @@ impl AppendStream {
             shard_id: shard,
             payload,
         };
-        let _pending = self.send(call, answer)?;
+        let _pending = self.send(call, answer).map_err(AppendCallError::Failed)?;
         match tokio::time::timeout(timeout, answered).await {
             Ok(Ok(Outcome::Payload(payload))) => Ok(payload),
-            Ok(Ok(Outcome::Refused(why))) => Err(why),
-            Ok(Err(_)) => Err("the append stream broke".into()),
-            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Ok(Outcome::Refused(why))) => Err(AppendCallError::Failed(why)),
+            Ok(Err(_)) => Err(AppendCallError::Failed("the append stream broke".into())),
+            Err(_) => Err(AppendCallError::TimedOut),
         }
     }
 

@@ -28,9 +28,9 @@ use floret_proto::peer::v1::RaftMessage;
 use floret_store::{NodeId, ShardId, TypeConfig};
 use openraft::BasicNode;
 use openraft::error::{
-    InstallSnapshotError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -38,6 +38,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::append_stream::AppendCallError;
 use crate::peers::Peers;
 
 /// Largest encoded append-entries request sent in one call.
@@ -176,10 +177,22 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         let Some(stream) = self.peers.append_stream(self.target) else {
             return Err(self.unreachable("not a member".into()));
         };
-        let answer = stream
-            .call(self.shard, payload, option.hard_ttl())
-            .await
-            .map_err(|why| self.unreachable(why))?;
+        let answer = match stream.call(self.shard, payload, option.hard_ttl()).await {
+            Ok(answer) => answer,
+            // A timeout, not Unreachable: openraft backs off from an
+            // unreachable node for 500 ms and sends it nothing, heartbeats
+            // included, longer than a follower waits before it calls an
+            // election. A slow append under load would depose its leader.
+            Err(AppendCallError::TimedOut) => {
+                return Err(RPCError::Timeout(Timeout {
+                    action: RPCTypes::AppendEntries,
+                    id: self.peers.node_id(),
+                    target: self.target,
+                    timeout: option.hard_ttl(),
+                }));
+            }
+            Err(AppendCallError::Failed(why)) => return Err(self.unreachable(why)),
+        };
         self.result(&answer)
     }
 
