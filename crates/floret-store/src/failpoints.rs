@@ -73,15 +73,7 @@ pub fn fires_with(name: &str) -> Option<Option<String>> {
 
 /// The argument of the fault point `name` (`return(ARG)`) when it fires.
 pub fn argument(name: &str) -> Option<String> {
-    #[cfg(feature = "failpoints")]
-    {
-        fail::eval(name, |argument| argument).flatten()
-    }
-    #[cfg(not(feature = "failpoints"))]
-    {
-        let _ = name;
-        None
-    }
+    fires_with(name).flatten()
 }
 
 /// Aborts the process, as a crash would, when the fault point `name` fires.

@@ -63,21 +63,26 @@ impl Dispatcher {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<DispatcherCommand>) {
         loop {
             let deadline = self.book.next_deadline(now());
-            tokio::select! {
+            let turn = tokio::select! {
                 command = commands.recv() => {
                     let Some(command) = command else { break };
-                    let now = now();
-                    self.handle(command, now);
+                    let turn = now();
+                    self.handle(command, turn);
                     for _ in 1..COMMANDS_PER_TURN {
                         match commands.try_recv() {
-                            Ok(command) => self.handle(command, now),
+                            Ok(command) => self.handle(command, turn),
                             Err(_) => break,
                         }
                     }
+                    turn
                 }
-                () = sleep_until(deadline), if deadline.is_some() => self.book.tick(now()),
-            }
-            self.book.report_backlogs(now());
+                () = sleep_until(deadline), if deadline.is_some() => {
+                    let turn = now();
+                    self.book.tick(turn);
+                    turn
+                }
+            };
+            self.book.report_backlogs(turn);
             self.carry_out_outbox();
         }
         tracing::debug!("dispatcher stopped");
