@@ -4,10 +4,20 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use floret_client::ConsumerEvent;
+use floret_client::{Consumer, ConsumerEvent};
 
 use super::harness::{Cluster, one_cluster_at_a_time};
 use super::{CREDITS, DRAIN_DEADLINE, SHARDS, key_of, produce_all};
+
+/// The consumer's next event within 10 s; panics naming `what` if none
+/// comes, or the consumer fails or ends.
+async fn next_event(consumer: &mut Consumer, what: &str) -> ConsumerEvent {
+    tokio::time::timeout(Duration::from_secs(10), consumer.next())
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .unwrap_or_else(|error| panic!("{what}: the consumer failed: {error}"))
+        .unwrap_or_else(|| panic!("{what}: the stream ended"))
+}
 
 /// How soon after its node is killed the consumer must receive again.
 const RECEIVING_AGAIN_WITHIN: Duration = Duration::from_secs(3);
@@ -41,11 +51,7 @@ async fn consumer_stream_ends_when_its_node_dies() {
             delivered.len(),
             expected.len()
         );
-        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-            .await
-            .expect("an event within 10 s")
-            .expect("the consumer goes on")
-            .expect("the stream stays open");
+        let event = next_event(&mut consumer, "an event within 10 s").await;
         let ConsumerEvent::Delivery(delivery) = event else {
             continue;
         };
@@ -98,11 +104,7 @@ async fn consumer_without_credits_left_cannot_move() {
     let mut delivered: HashSet<(String, u64)> = HashSet::new();
     let mut batch = Vec::new();
     while batch.len() < 8 {
-        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-            .await
-            .expect("an event within 10 s")
-            .expect("the consumer goes on")
-            .expect("the stream stays open");
+        let event = next_event(&mut consumer, "an event within 10 s").await;
         if let ConsumerEvent::Delivery(delivery) = event {
             delivered.insert(key_of(&delivery));
             batch.push(delivery.delivery_id);
@@ -122,11 +124,7 @@ async fn consumer_without_credits_left_cannot_move() {
             delivered.len(),
             expected.len()
         );
-        let event = tokio::time::timeout(Duration::from_secs(10), consumer.next())
-            .await
-            .expect("an event within 10 s of the kill")
-            .expect("the consumer moved")
-            .expect("the stream stays open");
+        let event = next_event(&mut consumer, "an event within 10 s of the kill").await;
         if let ConsumerEvent::Delivery(delivery) = event {
             delivered.insert(key_of(&delivery));
             consumer.ack(vec![delivery.delivery_id]).await.unwrap();

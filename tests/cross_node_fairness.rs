@@ -57,9 +57,15 @@ async fn leaders(cluster: &Cluster, via: u64) -> BTreeMap<u32, u64> {
 }
 
 async fn backlog(client: &Client, producers: &[String]) {
+    backlog_of(client, "default", producers, BACKLOG).await;
+}
+
+/// Produces `messages` messages (in batches of 100) for each of
+/// `producers` on `queue`, one producer after another.
+async fn backlog_of(client: &Client, queue: &str, producers: &[String], messages: u64) {
     for producer in producers {
-        let mut sender = client.producer("default", producer);
-        for batch in 0..BACKLOG / 100 {
+        let mut sender = client.producer(queue, producer);
+        for batch in 0..messages / 100 {
             let messages = (0..100)
                 .map(|i| Message {
                     payload: format!("{producer}:{}", batch * 100 + i).into_bytes(),
@@ -351,21 +357,7 @@ async fn first_deliveries_go_to_the_consumers_own_node() {
     for run in 0..first_burst_runs() {
         let queue = format!("burst-{run}");
         let producers: Vec<String> = (0..BURST_PRODUCERS).map(|i| format!("p{i}")).collect();
-        let sends = producers.iter().map(|producer| {
-            let mut sender = every_node.producer(&queue, producer);
-            async move {
-                for batch in 0..BURST_BACKLOG / 100 {
-                    let messages = (0..100)
-                        .map(|i| Message {
-                            payload: format!("{producer}:{}", batch * 100 + i).into_bytes(),
-                            headers: HashMap::new(),
-                        })
-                        .collect();
-                    sender.send(messages).await.expect("backlog produce");
-                }
-            }
-        });
-        futures::future::join_all(sends).await;
+        backlog_of(&every_node, &queue, &producers, BURST_BACKLOG).await;
 
         let mut consumer = cluster
             .client(1)
