@@ -15,6 +15,7 @@ use crate::change_set::ChangeSetError;
 use crate::durability::StateMachineDurability;
 use crate::flusher::{Flusher, SyncTarget};
 use crate::log_store::LogStore;
+use crate::purger::{NodeStorage, Purger};
 use crate::shard_tree::ShardTree;
 use crate::state_machine::{AppliedListener, StateMachine};
 use crate::types::ShardId;
@@ -126,6 +127,8 @@ pub struct Database {
     state_machines: StateMachineDurability,
     flusher: Flusher,
     flusher_thread: Option<std::thread::JoinHandle<()>>,
+    purger: Purger,
+    purger_thread: Option<std::thread::JoinHandle<()>>,
     /// Whether this open created the data dir.
     created: bool,
 }
@@ -195,6 +198,11 @@ impl Database {
             crate::failpoints::check_power_loss_sound(wal.has_purged()).map_err(io_error)?;
         }
         let (flusher, flusher_thread) = Flusher::start(wal.clone()).map_err(io_error)?;
+        let (purger, purger_thread) = Purger::start(NodeStorage {
+            state_machines: state_machines.clone(),
+            log: wal.clone(),
+        })
+        .map_err(io_error)?;
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
@@ -202,6 +210,8 @@ impl Database {
             state_machines,
             flusher,
             flusher_thread: Some(flusher_thread),
+            purger,
+            purger_thread: Some(purger_thread),
             created,
         })
     }
@@ -235,7 +245,7 @@ impl Database {
             shard,
             self.wal.clone(),
             self.flusher.clone(),
-            self.state_machines.clone(),
+            self.purger.clone(),
         )
     }
 
@@ -273,8 +283,10 @@ impl Database {
         )
     }
 
-    /// Waits until everything written so far, log and state machines, is durable.
+    /// Waits until the purges asked so far are done and everything written
+    /// so far, log and state machines, is durable.
     pub async fn sync(&self) -> io::Result<()> {
+        self.purger.settled().await;
         self.flusher.sync().await?;
         let state_machines = self.state_machines.clone();
         tokio::task::spawn_blocking(move || state_machines.sync())
@@ -358,6 +370,7 @@ impl Database {
     /// Syncs, stops the flusher and waits for it, so that once every shard
     /// handle is dropped too the data dir can be opened again.
     pub fn close(mut self) {
+        self.stop_purger();
         self.flusher.stop();
         if let Some(thread) = self.flusher_thread.take()
             && thread.join().is_err()
@@ -366,9 +379,28 @@ impl Database {
         }
     }
 
+    /// Ends the purger thread, which holds the sled database open.
+    fn stop_purger(&mut self) {
+        self.purger.stop();
+        if let Some(thread) = self.purger_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the purger thread panicked");
+        }
+    }
+
     /// Bytes the database takes on disk.
     pub fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// A database dropped without [`Database::close`] still releases sled's
+/// lock on its files once its shard handles are gone, so it can be opened
+/// again.
+impl Drop for Database {
+    fn drop(&mut self) {
+        self.stop_purger();
     }
 }
 

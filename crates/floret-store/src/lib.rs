@@ -21,6 +21,7 @@
     reason = "openraft's storage traits return its StorageError; helpers feeding them return it too"
 )]
 
+mod blocking;
 mod change_set;
 mod database;
 #[cfg(test)]
@@ -31,6 +32,7 @@ mod flusher;
 pub mod keys;
 mod log_store;
 pub mod policy;
+mod purger;
 mod reader;
 pub mod records;
 mod resting;

@@ -3,9 +3,10 @@
 //!
 //! Appends become visible to readers at once and durable when the node's
 //! [`Flusher`] completes their callback (one `fdatasync` for every shard);
-//! votes are synced before `save_vote` returns. Before entries are purged the
-//! state machines are made durable, since after the purge only they (and the
-//! snapshot) hold what those entries did.
+//! votes are synced before `save_vote` returns. A purge is handed to the
+//! node's [`Purger`], which makes the state machines durable first (after
+//! the purge only they and the snapshot hold what those entries did),
+//! without holding up the shard's raft core meanwhile.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -14,8 +15,8 @@ use std::sync::Arc;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{EntryPayload, LogState, RaftLogReader, Vote};
 
-use crate::durability::StateMachineDurability;
 use crate::flusher::Flusher;
+use crate::purger::Purger;
 use crate::records::{decode, encode};
 use crate::storage_error;
 use crate::types::{LogId, NodeId, ShardId, StorageError, TypeConfig};
@@ -27,21 +28,16 @@ pub struct LogStore {
     shard: ShardId,
     wal: Arc<Wal>,
     flusher: Flusher,
-    state_machines: StateMachineDurability,
+    purger: Purger,
 }
 
 impl LogStore {
-    pub(crate) fn new(
-        shard: ShardId,
-        wal: Arc<Wal>,
-        flusher: Flusher,
-        state_machines: StateMachineDurability,
-    ) -> Self {
+    pub(crate) fn new(shard: ShardId, wal: Arc<Wal>, flusher: Flusher, purger: Purger) -> Self {
         Self {
             shard,
             wal,
             flusher,
-            state_machines,
+            purger,
         }
     }
 }
@@ -156,14 +152,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(storage_error::write_logs)
     }
 
+    /// Hides the entries and queues their purge, without waiting: see [`Purger`].
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let state_machines = self.state_machines.clone();
-        tokio::task::spawn_blocking(move || state_machines.sync())
-            .await
-            .map_err(storage_error::write_logs)?
-            .map_err(storage_error::write_logs)?;
-        self.wal
-            .purge(self.shard, log_id)
-            .map_err(storage_error::write_logs)
+        self.wal.hide_purged(self.shard, log_id);
+        self.purger.purge(self.shard, log_id);
+        Ok(())
     }
 }

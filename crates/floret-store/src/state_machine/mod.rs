@@ -45,6 +45,7 @@ use std::sync::Arc;
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
 
+use crate::blocking::off_the_runtime;
 use crate::keys;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, encode};
@@ -216,11 +217,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(replies)
     }
 
+    /// Captures the image now: openraft applies nothing to this state
+    /// machine until this returns, so it matches the applied log id.
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        let reader = self.reader.clone();
+        let captured = off_the_runtime(move || {
+            let image = TreeImage::capture(reader.tree(), reader.log())
+                .map_err(storage_error::read_state_machine);
+            (image, reader.applied_state())
+        })
+        .await;
+        let (image, applied) = match captured {
+            Ok(captured) => captured,
+            Err(stopped) => {
+                let error = storage_error::read_state_machine(stopped);
+                (Err(error.clone()), Err(error))
+            }
+        };
         SnapshotBuilder {
-            image: TreeImage::capture(self.reader.tree(), self.reader.log())
-                .map_err(storage_error::read_state_machine),
-            applied: self.reader.applied_state(),
+            image,
+            applied,
             file: self.snapshot_file.clone(),
         }
     }
@@ -236,38 +252,48 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let signature = Some(meta.signature());
-        let mut image = TreeImage::from_bytes(&data)
-            .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
-        image.drop_node_local_keys();
-        image.validate().map_err(|e| {
-            storage_error::read_snapshot(signature.clone(), &std::io::Error::other(e))
-        })?;
-        let applied = encode(&AppliedState {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-        });
-        self.reader
-            .tree()
-            .replace_all(
-                image
-                    .pairs
-                    .into_iter()
-                    .chain([(keys::APPLIED.to_vec(), applied)]),
-            )
-            .map_err(storage_error::write_state_machine)?;
-        self.reader.log().set_pins(self.shard, SegmentRuns::new());
-        self.reader.reload()?;
-        self.snapshot_file
-            .save(meta, &data)
-            .map_err(|e| storage_error::write_snapshot(signature, &e))?;
+        let (shard, reader, file, meta) = (
+            self.shard,
+            self.reader.clone(),
+            self.snapshot_file.clone(),
+            meta.clone(),
+        );
+        off_the_runtime(move || {
+            let mut image = TreeImage::from_bytes(&data)
+                .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+            image.drop_node_local_keys();
+            image.validate().map_err(|e| {
+                storage_error::read_snapshot(signature.clone(), &std::io::Error::other(e))
+            })?;
+            let applied = encode(&AppliedState {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership.clone(),
+            });
+            reader
+                .tree()
+                .replace_all(
+                    image
+                        .pairs
+                        .into_iter()
+                        .chain([(keys::APPLIED.to_vec(), applied)]),
+                )
+                .map_err(storage_error::write_state_machine)?;
+            reader.log().set_pins(shard, SegmentRuns::new());
+            reader.reload()?;
+            file.save(&meta, &data)
+                .map_err(|e| storage_error::write_snapshot(signature, &e))
+        })
+        .await
+        .map_err(storage_error::write_state_machine)??;
         self.emit(AppliedEvent::Reset { shard: self.shard });
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let loaded = self
-            .snapshot_file
-            .load()
+        let file = self.snapshot_file.clone();
+        let loaded = off_the_runtime(move || file.load())
+            .await
+            .and_then(|loaded| loaded)
             .map_err(|e| storage_error::read_snapshot(None, &e))?;
         Ok(loaded.map(|(meta, data)| Snapshot {
             meta,
@@ -302,10 +328,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: applied.membership,
             snapshot_id,
         };
-        let data = image.to_bytes();
-        self.file
-            .save(&meta, &data)
-            .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
+        let file = self.file.clone();
+        let saved_meta = meta.clone();
+        let data = off_the_runtime(move || {
+            let data = image.to_bytes();
+            file.save(&saved_meta, &data).map(|()| data)
+        })
+        .await
+        .and_then(|saved| saved)
+        .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),

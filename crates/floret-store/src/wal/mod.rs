@@ -138,7 +138,23 @@ struct ShardLog {
     entries: BTreeMap<u64, Location>,
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId>,
+    /// The last entry the log has dropped for good.
     last_purged: Option<LogId>,
+    /// The last entry openraft asked to purge: the entries up to it are
+    /// hidden from reads and the log state until [`Wal::purge`] drops them.
+    purge_asked: Option<LogId>,
+}
+
+impl ShardLog {
+    /// The last purged entry as openraft sees it.
+    fn purged(&self) -> Option<LogId> {
+        self.last_purged.max(self.purge_asked)
+    }
+
+    /// Whether the entry at `index` is still there for readers.
+    fn is_visible(&self, index: u64) -> bool {
+        self.purged().is_none_or(|purged| index > purged.index)
+    }
 }
 
 struct Segment {
@@ -319,13 +335,15 @@ impl Wal {
         let Some(log) = state.shards.get(&shard) else {
             return (None, None);
         };
+        let purged = log.purged();
         let last = log
             .entries
             .values()
             .next_back()
             .map(|l| l.log_id)
-            .or(log.last_purged);
-        (log.last_purged, last)
+            .filter(|last| log.is_visible(last.index))
+            .or(purged);
+        (purged, last)
     }
 
     /// `shard`'s last saved vote.

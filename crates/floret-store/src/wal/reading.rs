@@ -23,7 +23,12 @@ impl Wal {
             let Some(log) = state.shards.get(&shard) else {
                 return Ok(Vec::new());
             };
-            let locations: Vec<Location> = log.entries.range(range).map(|(_, l)| *l).collect();
+            let locations: Vec<Location> = log
+                .entries
+                .range(range)
+                .filter(|(index, _)| log.is_visible(**index))
+                .map(|(_, l)| *l)
+                .collect();
             let files: HashMap<u64, Arc<File>> = locations
                 .iter()
                 .map(|l| (l.segment, state.file_of_live_entry(l.segment)))

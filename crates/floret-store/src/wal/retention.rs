@@ -13,6 +13,15 @@ use super::{CARRY_FORWARD_BYTES, Location, Record, Wal, WalState};
 use crate::types::{LogId, ShardId};
 
 impl Wal {
+    /// Hides `shard`'s entries up to `upto` at once, as openraft expects of
+    /// a purge. They stay in the log, and come back after a restart, until
+    /// [`Wal::purge`] drops them once the state machines are durable.
+    pub fn hide_purged(&self, shard: ShardId, upto: LogId) {
+        let mut state = self.lock();
+        let log = state.shards.entry(shard).or_default();
+        log.purge_asked = log.purge_asked.max(Some(upto));
+    }
+
     /// Drops `shard`'s entries up to `upto` and deletes segments nobody needs any more.
     pub fn purge(&self, shard: ShardId, upto: LogId) -> io::Result<()> {
         let mut state = self.lock();

@@ -103,6 +103,32 @@ fn purged_segments_are_deleted_and_metadata_survives_in_checkpoints() {
 }
 
 #[test]
+fn entries_hidden_by_a_purge_not_yet_done_come_back_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+        for index in 1..10 {
+            append(&wal, 0, index..index + 1);
+        }
+        wal.sync().unwrap();
+        let segments_before = segments(dir.path());
+        wal.hide_purged(0, log_id(6));
+        assert_eq!(wal.log_state(0), (Some(log_id(6)), Some(log_id(9))));
+        assert_eq!(
+            metas(wal.read(0, ..).unwrap()),
+            vec![vec![7; 100], vec![8; 100], vec![9; 100]]
+        );
+        wal.hide_purged(0, log_id(12));
+        assert_eq!(wal.log_state(0), (Some(log_id(12)), Some(log_id(12))));
+        assert_eq!(wal.read(0, ..).unwrap().len(), 0);
+        assert_eq!(segments(dir.path()), segments_before, "nothing deleted");
+    }
+    let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+    assert_eq!(wal.log_state(0), (None, Some(log_id(9))));
+    assert_eq!(wal.read(0, ..).unwrap().len(), 9);
+}
+
+#[test]
 fn bit_flip_before_the_last_frame_of_the_active_segment_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     {
