@@ -84,6 +84,19 @@ pub struct Report {
     /// For each leader loss, the longest gap between two acknowledgements
     /// of one producer that spans it, in milliseconds.
     pub unavailability_ms: Vec<u64>,
+    /// How long each acknowledged produce call took, client retries
+    /// included, in milliseconds (a stalled shard shows here).
+    #[serde(skip)]
+    pub produce_ms: Vec<u64>,
+    /// For each restart of a killed node, the longest gap between two
+    /// acknowledgements of one producer from the restart until the round
+    /// healed (leaderships back on their preferred replicas), in
+    /// milliseconds: the stall the hand-backs caused.
+    pub hand_back_ms: Vec<u64>,
+    /// The 99th percentile of `produce_ms`.
+    pub produce_p99_ms: Option<u64>,
+    /// The longest of `produce_ms`.
+    pub produce_max_ms: Option<u64>,
 }
 
 impl Report {
@@ -119,6 +132,7 @@ impl Report {
 struct Attempt {
     invoked_at: Option<u64>,
     outcome: Option<Outcome>,
+    completed_at: Option<u64>,
     first_delivered_at: Option<u64>,
     sequence: Option<u64>,
     deliveries: u64,
@@ -138,6 +152,7 @@ pub fn check(history: &[Record]) -> Report {
             Event::Completed { id, outcome } => {
                 let attempt = attempts.entry(*id).or_default();
                 attempt.outcome = Some(outcome.clone());
+                attempt.completed_at = Some(record.at_us);
                 if let Outcome::Acknowledged { sequence } = outcome {
                     attempt.sequence = Some(*sequence);
                 }
@@ -193,7 +208,7 @@ pub fn check(history: &[Record]) -> Report {
             Event::Settled { id } => {
                 attempts.entry(*id).or_default().settled_at = Some(record.at_us);
             }
-            Event::Fault { .. } | Event::Healed => {}
+            Event::Fault { .. } | Event::Restarted { .. } | Event::Healed => {}
         }
     }
     let mut last_acked_sequence: HashMap<u32, (u64, u64)> = HashMap::new();
@@ -212,6 +227,12 @@ pub fn check(history: &[Record]) -> Report {
         match &attempt.outcome {
             Some(Outcome::Acknowledged { sequence }) => {
                 report.acknowledged += 1;
+                if let (Some(invoked), Some(completed)) = (attempt.invoked_at, attempt.completed_at)
+                {
+                    report
+                        .produce_ms
+                        .push(completed.saturating_sub(invoked) / 1_000);
+                }
                 if !delivered {
                     report.lost.push(*id);
                 }
@@ -258,7 +279,17 @@ pub fn check(history: &[Record]) -> Report {
         .map(|&(start, index)| format!("at {:.0} s: {index:.3}", start as f64 / 1e6))
         .collect();
     report.unavailability_ms = unavailability(history);
+    report.hand_back_ms = hand_back_stalls(history);
+    report.produce_ms.sort_unstable();
+    report.produce_p99_ms = percentile(&report.produce_ms, 0.99);
+    report.produce_max_ms = report.produce_ms.last().copied();
     report
+}
+
+/// The `rank` percentile (0 to 1) of the sorted `values`; None when empty.
+pub fn percentile(sorted: &[u64], rank: f64) -> Option<u64> {
+    let last = sorted.len().checked_sub(1)?;
+    Some(sorted[((last as f64) * rank).round() as usize])
 }
 
 /// The median of `indexes` and how many there were; None when empty.
@@ -344,6 +375,50 @@ fn fairness_windows(attempts: &BTreeMap<MessageId, Attempt>) -> Vec<(u64, f64)> 
     windows
 }
 
+/// Each producer's acknowledgement times, in order.
+fn acks_by_producer(history: &[Record]) -> BTreeMap<u32, Vec<u64>> {
+    let mut acks: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for record in history {
+        if let Event::Completed {
+            id,
+            outcome: Outcome::Acknowledged { .. },
+        } = &record.event
+        {
+            acks.entry(id.producer).or_default().push(record.at_us);
+        }
+    }
+    acks
+}
+
+/// For each restart, the longest gap between consecutive acknowledgements
+/// of one producer that begins between the restart and the next heal.
+fn hand_back_stalls(history: &[Record]) -> Vec<u64> {
+    let acks = acks_by_producer(history);
+    let mut stalls = Vec::new();
+    let mut restarted: Option<u64> = None;
+    for record in history {
+        match record.event {
+            Event::Restarted { .. } => {
+                restarted.get_or_insert(record.at_us);
+            }
+            Event::Healed => {
+                if let Some(from) = restarted.take() {
+                    let longest = acks
+                        .values()
+                        .flat_map(|times| times.windows(2))
+                        .filter(|gap| gap[0] >= from && gap[0] < record.at_us)
+                        .map(|gap| (gap[1] - gap[0]) / 1_000)
+                        .max()
+                        .unwrap_or(0);
+                    stalls.push(longest);
+                }
+            }
+            _ => {}
+        }
+    }
+    stalls
+}
+
 /// For each leader loss, the longest gap between acknowledgements of one
 /// producer that spans it (producers with no acknowledgement on one side
 /// are not counted).
@@ -361,16 +436,7 @@ fn unavailability(history: &[Record]) -> Vec<u64> {
         })
         .map(|r| r.at_us)
         .collect();
-    let mut acks: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for record in history {
-        if let Event::Completed {
-            id,
-            outcome: Outcome::Acknowledged { .. },
-        } = &record.event
-        {
-            acks.entry(id.producer).or_default().push(record.at_us);
-        }
-    }
+    let acks = acks_by_producer(history);
     let producers: BTreeSet<u32> = acks.keys().copied().collect();
     losses
         .iter()

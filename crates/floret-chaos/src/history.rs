@@ -137,6 +137,12 @@ pub enum Event {
         /// Whether this starts a leader loss (counted for unavailability).
         leader_loss: bool,
     },
+    /// A killed node serves again: the shards it is the preferred replica
+    /// of are handed back to it from here until [`Event::Healed`].
+    Restarted {
+        /// The node.
+        node: u64,
+    },
     /// The round's fault is healed and every shard is led by its
     /// preferred replica again.
     Healed,

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use floret_chaos::checker::percentile;
 use floret_chaos::workload::WorkloadSpec;
 use floret_chaos::{RunResult, RunSpec, Schedule, run};
 
@@ -71,6 +72,8 @@ struct Totals {
     unknown: u64,
     leader_losses: usize,
     unavailability_ms: Vec<u64>,
+    produce_ms: Vec<u64>,
+    hand_back_ms: Vec<u64>,
     failed_runs: u32,
 }
 
@@ -89,6 +92,9 @@ impl Totals {
         self.leader_losses += report.unavailability_ms.len();
         self.unavailability_ms
             .extend(report.unavailability_ms.iter().copied());
+        self.produce_ms.extend(report.produce_ms.iter().copied());
+        self.hand_back_ms
+            .extend(report.hand_back_ms.iter().copied());
         if !result.problems().is_empty() {
             self.failed_runs += 1;
         }
@@ -141,13 +147,14 @@ fn main() -> anyhow::Result<()> {
         let result = runtime.block_on(run(spec))?;
         let problems = result.problems();
         println!(
-            "{:<22} {:>4.0} s  acked {:>6}  lost {}  dup {:>5}  unavailability {:?} ms  fault-free Jain {}  {}",
+            "{:<22} {:>4.0} s  acked {:>6}  lost {}  dup {:>5}  unavailability {:?} ms  hand-back {:?} ms  fault-free Jain {}  {}",
             result.schedule,
             result.seconds,
             result.report.acknowledged,
             result.report.lost.len(),
             result.report.duplicated,
             result.report.unavailability_ms,
+            result.report.hand_back_ms,
             result
                 .report
                 .fault_free_fairness
@@ -180,7 +187,7 @@ fn main() -> anyhow::Result<()> {
 
 fn print_summary(totals: &BTreeMap<&'static str, Totals>) {
     println!(
-        "\n{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>6}",
+        "\n{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>16} {:>16} {:>6}",
         "schedule",
         "runs",
         "faults",
@@ -193,6 +200,8 @@ fn print_summary(totals: &BTreeMap<&'static str, Totals>) {
         "recov",
         "leader",
         "unavail p50/max",
+        "produce p99/max",
+        "hand-back p50/max",
         "failed"
     );
     let mut all = Totals::default();
@@ -210,23 +219,22 @@ fn print_summary(totals: &BTreeMap<&'static str, Totals>) {
         all.leader_losses += t.leader_losses;
         all.unavailability_ms
             .extend(t.unavailability_ms.iter().copied());
+        all.produce_ms.extend(t.produce_ms.iter().copied());
+        all.hand_back_ms.extend(t.hand_back_ms.iter().copied());
         all.failed_runs += t.failed_runs;
     }
     print_row("all", &all);
 }
 
 fn print_row(name: &str, t: &Totals) {
-    let mut gaps = t.unavailability_ms.clone();
-    gaps.sort_unstable();
-    let (median, max) = match gaps.as_slice() {
-        [] => ("-".to_owned(), "-".to_owned()),
-        _ => (
-            gaps[gaps.len() / 2].to_string(),
-            gaps[gaps.len() - 1].to_string(),
-        ),
+    let shown = |values: &[u64], rank: f64| {
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable();
+        let at = |rank| percentile(&sorted, rank).map_or("-".to_owned(), |ms| ms.to_string());
+        format!("{}/{}", at(rank), at(1.0))
     };
     println!(
-        "{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>6}",
+        "{:<22} {:>4} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7} {:>7} {:>7} {:>7} {:>12} {:>16} {:>16} {:>6}",
         name,
         t.runs,
         t.rounds,
@@ -238,7 +246,9 @@ fn print_row(name: &str, t: &Totals) {
         t.unknown,
         t.recovered,
         t.leader_losses,
-        format!("{median}/{max}"),
+        shown(&t.unavailability_ms, 0.5),
+        shown(&t.produce_ms, 0.99),
+        shown(&t.hand_back_ms, 0.5),
         t.failed_runs
     );
 }

@@ -159,6 +159,7 @@ impl Schedule {
                     .context("no new leader after killing the old one")?;
                 observed.push(format!("node {next} took over from {leader}"));
                 cluster.restart(leader, "").await?;
+                recorder.record(Event::Restarted { node: leader });
             }
             Schedule::KillRandom => {
                 let victim = random(1);
@@ -166,6 +167,7 @@ impl Schedule {
                 cluster.kill(victim).await;
                 wait_for_leader(cluster).await?;
                 cluster.restart(victim, "").await?;
+                recorder.record(Event::Restarted { node: victim });
             }
             Schedule::PauseLeader => {
                 fault(format!("pause leader {leader}"), true);

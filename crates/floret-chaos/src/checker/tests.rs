@@ -278,6 +278,60 @@ fn unavailability_is_the_longest_ack_gap_across_a_leader_loss() {
 }
 
 #[test]
+fn produce_stall_is_the_time_from_a_call_to_its_acknowledgement() {
+    let mut h = History::default();
+    h.acked(id(0, 1), 0);
+    h.push(Event::Invoked(id(1, 1)));
+    for _ in 0..5 {
+        h.push(Event::Invoked(id(2, 1)));
+    }
+    h.push(Event::Completed {
+        id: id(1, 1),
+        outcome: Outcome::Acknowledged { sequence: 0 },
+    });
+    h.push(Event::Completed {
+        id: id(2, 1),
+        outcome: unknown(),
+    });
+    let report = h.check();
+    assert_eq!(
+        report.produce_ms,
+        vec![1, 6],
+        "unknown outcomes not counted"
+    );
+    assert_eq!(
+        (report.produce_p99_ms, report.produce_max_ms),
+        (Some(6), Some(6))
+    );
+    assert_eq!(percentile(&[1, 2, 3, 4], 0.5), Some(3));
+    assert_eq!(percentile(&[], 0.99), None);
+}
+
+#[test]
+fn hand_back_stall_is_the_longest_ack_gap_from_a_restart_to_the_heal() {
+    let mut h = History::default();
+    h.acked(id(0, 1), 0);
+    h.push(Event::Restarted { node: 2 });
+    h.acked(id(0, 2), 1);
+    for _ in 0..3 {
+        h.push(Event::Invoked(id(1, 9)));
+    }
+    h.acked(id(0, 3), 2);
+    h.push(Event::Healed);
+    h.acked(id(0, 4), 3);
+    for _ in 0..10 {
+        h.push(Event::Invoked(id(1, 9)));
+    }
+    h.acked(id(0, 5), 4);
+    let report = h.check();
+    assert_eq!(
+        report.hand_back_ms,
+        vec![5],
+        "acks at 4 and 9 ms; the gaps begun before the restart or after the heal do not count"
+    );
+}
+
+#[test]
 fn hog_while_nothing_is_broken_goes_unreported() {
     let skewed = two_backlogged_producers(90, 10, 5);
     let report = check(&skewed);

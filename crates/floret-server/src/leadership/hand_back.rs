@@ -2,10 +2,18 @@
 //! leader's side. The leader grants it only to the shard's preferred
 //! replica, and only once it is caught up (it has just called, so it is
 //! reachable whatever the gossip view says);
-//! then it pauses the shard's proposer (an append would renew the
-//! followers' leader lease), stops dispatching the shard and turns its
-//! heartbeats off, so the lease lapses and the replica wins an election. If
-//! nobody took over once that has had time to happen, it leads on.
+//! then it pauses the shard's proposer, stops dispatching the shard and
+//! turns its heartbeats off, and tells the replica its last log entry.
+//!
+//! openraft 0.9 has no leadership transfer, but a leader grants a vote to
+//! a candidate whose log is as long as its own once it has led for longer
+//! than the leader lease (its lease only holds against a leader it heard
+//! from). So the replica calls its election as soon as its log holds that
+//! entry, and wins it at once with the leader's vote; the shard stalls for
+//! the election, not for a lease. A leader elected less than a lease ago
+//! refuses, and the replica wins once the followers' lease has lapsed
+//! (heartbeats are off). If nobody took over once that has had time to
+//! happen, the leader leads on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +26,17 @@ use crate::produce::proposer::Proposers;
 
 /// Entries a preferred replica may lag behind and still be handed the leadership.
 const HAND_BACK_MAX_LAG: u64 = 64;
+
+/// What the leader tells the replica it stepped aside for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteppedAside {
+    /// The leader's last log entry once its proposer paused: the replica
+    /// calls its election when its own log holds it.
+    pub last_log_index: u64,
+    /// When the replica calls its election anyway (the leader lease: by
+    /// then the followers grant their votes).
+    pub elect_within: Duration,
+}
 
 /// Hands shards this node leads back to their preferred replicas.
 #[derive(Clone)]
@@ -37,10 +56,9 @@ impl HandBack {
         }
     }
 
-    /// Steps aside in `shard` for `requester` if it may take over; Ok with
-    /// how long the requester should wait before calling its election, or
-    /// the reason it was refused.
-    pub fn grant(&self, shard: ShardId, requester: NodeId) -> Result<Duration, String> {
+    /// Steps aside in `shard` for `requester` if it may take over, or says
+    /// why not.
+    pub fn grant(&self, shard: ShardId, requester: NodeId) -> Result<SteppedAside, String> {
         let me = self.shards.node_id();
         let Some(group) = self.shards.group(shard) else {
             return Err(format!("node {me} holds no replica of shard {shard}"));
@@ -77,7 +95,10 @@ impl HandBack {
         );
         let lease = self.shards.tuning().election_timeout_max;
         self.step_aside(shard, lease * 2 + Duration::from_millis(500));
-        Ok(lease)
+        Ok(SteppedAside {
+            last_log_index: group.raft.metrics().borrow().last_log_index.unwrap_or(0),
+            elect_within: lease,
+        })
     }
 
     /// Pauses `shard`'s proposer, dispatch and heartbeats for `step_aside`,

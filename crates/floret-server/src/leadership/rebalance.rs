@@ -5,13 +5,14 @@
 //! dispatching) more than its share. Every few seconds each node looks at
 //! the shards it is the preferred replica of; for one led by another node it
 //! asks that leader to step aside (`Peer.HandBack`, which the leader grants
-//! only when this replica is caught up), waits out the followers' leader
-//! lease, and calls an election, which it wins with its complete log.
-//! Leaders the gossip view declares dead are not asked (a hint: the call
-//! would only time out).
+//! only when this replica is caught up), waits until its log holds the
+//! leader's last entry, and calls an election, which it wins with the
+//! leader's vote (see `hand_back.rs`). Leaders the gossip view declares
+//! dead are not asked (a hint: the call would only time out).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - While a shard is handed over (about one leader lease) its produces get
+//! - While a shard is handed over (the election, or a leader lease when
+//!   the leader was elected less than a lease ago) its produces get
 //!   UNAVAILABLE with a retry hint; clients retry.
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use floret_cluster::{Liveness, Shards};
 use floret_proto::peer::v1::HandBackRequest;
 use floret_store::{NodeId, ShardId};
+use openraft::{BasicNode, RaftMetrics};
 use tokio::task::JoinHandle;
 
 /// How often a node checks for shards it should lead.
@@ -86,8 +88,16 @@ async fn take_back(shards: &Shards, shard: ShardId, leader: NodeId) {
     let Some(group) = shards.group(shard) else {
         return;
     };
-    tokio::time::sleep(Duration::from_millis(answer.wait_ms)).await;
     let mut metrics = group.raft.metrics();
+    let elect_within = Duration::from_millis(answer.wait_ms);
+    if answer.leader_last_log_index == 0 {
+        tokio::time::sleep(elect_within).await;
+    } else {
+        let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
+            m.last_log_index.unwrap_or(0) >= answer.leader_last_log_index
+        };
+        let _elect_anyway = tokio::time::timeout(elect_within, metrics.wait_for(caught_up)).await;
+    }
     for _ in 0..ELECTION_ATTEMPTS {
         if group.raft.trigger().elect().await.is_err() {
             return;

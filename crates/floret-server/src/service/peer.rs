@@ -366,15 +366,16 @@ impl Peer for PeerService {
         check_sender(caller, node_id)?;
         self.raft(shard_id)?;
         let answer = match self.hand_back.grant(shard_id, node_id) {
-            Ok(wait) => v1::HandBackResponse {
+            Ok(stepped_aside) => v1::HandBackResponse {
                 accepted: true,
-                wait_ms: wait.as_millis() as u64,
+                wait_ms: stepped_aside.elect_within.as_millis() as u64,
                 reason: String::new(),
+                leader_last_log_index: stepped_aside.last_log_index,
             },
             Err(reason) => v1::HandBackResponse {
                 accepted: false,
-                wait_ms: 0,
                 reason,
+                ..Default::default()
             },
         };
         Ok(Response::new(answer))
