@@ -1,31 +1,38 @@
 //! Handing a shard's leadership back to its preferred replica, on the
 //! leader's side. The leader grants it only to the shard's preferred
 //! replica, and only once it is caught up (it has just called, so it is
-//! reachable whatever the gossip view says);
-//! then it pauses the shard's proposer, stops dispatching the shard and
-//! turns its heartbeats off, and tells the replica its last log entry.
+//! reachable whatever the gossip view says). It then freezes its log:
+//! the shard's proposer refuses new operations and waits, with those
+//! already queued, until the hand-back is over; the entries in flight
+//! commit first. It stops dispatching the shard, turns its heartbeats off,
+//! waits until the replica holds its last entry and answers with that
+//! entry.
 //!
 //! openraft 0.9 has no leadership transfer, but a leader grants a vote to
 //! a candidate whose log is as long as its own once it has led for longer
 //! than the leader lease (its lease only holds against a leader it heard
 //! from). So the replica calls its election as soon as its log holds that
-//! entry, and wins it at once with the leader's vote; the shard stalls for
+//! entry, and wins it at once with the leader's vote: the shard stalls for
 //! the election, not for a lease. A leader elected less than a lease ago
-//! refuses, and the replica wins once the followers' lease has lapsed
-//! (heartbeats are off). If nobody took over once that has had time to
-//! happen, the leader leads on.
+//! refuses; the replica's higher term deposes it all the same, and the
+//! shard elects a leader among its replicas (one election timeout). If
+//! nobody took over once that has had time to happen, the leader leads on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use floret_cluster::Shards;
 use floret_store::{NodeId, ShardId};
+use openraft::{BasicNode, RaftMetrics};
 
 use crate::deliver::DispatcherHandle;
 use crate::produce::proposer::Proposers;
 
 /// Entries a preferred replica may lag behind and still be handed the leadership.
 const HAND_BACK_MAX_LAG: u64 = 64;
+/// How long the leader waits for its entries in flight to commit before
+/// it freezes its log for a hand-back.
+const ENTRIES_IN_FLIGHT_WAIT: Duration = Duration::from_secs(1);
 
 /// What the leader tells the replica it stepped aside for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +65,7 @@ impl HandBack {
 
     /// Steps aside in `shard` for `requester` if it may take over, or says
     /// why not.
-    pub fn grant(&self, shard: ShardId, requester: NodeId) -> Result<SteppedAside, String> {
+    pub async fn grant(&self, shard: ShardId, requester: NodeId) -> Result<SteppedAside, String> {
         let me = self.shards.node_id();
         let Some(group) = self.shards.group(shard) else {
             return Err(format!("node {me} holds no replica of shard {shard}"));
@@ -73,48 +80,53 @@ impl HandBack {
             return Err(format!("node {me} does not lead shard {shard}"));
         }
         let last_log = metrics.last_log_index.unwrap_or(0);
-        let matched = metrics
-            .replication
-            .as_ref()
-            .and_then(|replication| replication.get(&requester).cloned().flatten())
-            .map(|log_id| log_id.index)
-            .unwrap_or(0);
-        if matched + HAND_BACK_MAX_LAG < last_log {
+        if matched_by(&metrics, requester) + HAND_BACK_MAX_LAG < last_log {
             return Err(format!(
                 "node {requester} is {} entries behind on shard {shard}",
-                last_log - matched
+                last_log - matched_by(&metrics, requester)
             ));
         }
-        if self.proposers.get(shard).is_none() {
+        let Some(proposer) = self.proposers.get(shard).cloned() else {
             return Err(format!("shard {shard} has no proposer here"));
-        }
+        };
+        let lease = self.shards.tuning().election_timeout_max;
+        let step_aside = lease * 2 + Duration::from_millis(500);
+        proposer.pause(step_aside);
+        let Ok(Some(log_frozen)) =
+            tokio::time::timeout(ENTRIES_IN_FLIGHT_WAIT, proposer.hold_every_slot()).await
+        else {
+            proposer.resume();
+            return Err(format!(
+                "shard {shard}'s entries in flight did not commit within {ENTRIES_IN_FLIGHT_WAIT:?}"
+            ));
+        };
         tracing::info!(
             shard,
             to = requester,
             "handing the shard's leadership back to its preferred replica"
         );
-        let lease = self.shards.tuning().election_timeout_max;
-        self.step_aside(shard, lease * 2 + Duration::from_millis(500));
-        Ok(SteppedAside {
-            last_log_index: group.raft.metrics().borrow().last_log_index.unwrap_or(0),
-            elect_within: lease,
-        })
-    }
-
-    /// Pauses `shard`'s proposer, dispatch and heartbeats for `step_aside`,
-    /// then resumes them; dispatch only if this node still leads.
-    fn step_aside(&self, shard: ShardId, step_aside: Duration) {
-        let (Some(group), Some(proposer)) = (self.shards.group(shard), self.proposers.get(shard))
-        else {
-            return;
-        };
-        let (raft, proposer) = (group.raft.clone(), proposer.clone());
-        proposer.pause(step_aside);
+        let raft = group.raft.clone();
         raft.runtime_config().heartbeat(false);
         self.dispatcher.leadership(shard, false);
-        let (dispatcher, me) = (self.dispatcher.clone(), self.shards.node_id());
+        let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
+            matched_by(m, requester) >= last_log_index || m.current_leader != Some(me)
+        };
+        let mut metrics = raft.metrics();
+        if tokio::time::timeout(lease, metrics.wait_for(caught_up))
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                shard,
+                to = requester,
+                "the replica did not catch up within a lease; answering anyway"
+            );
+        }
+        let (dispatcher, proposer) = (self.dispatcher.clone(), proposer.clone());
         tokio::spawn(async move {
             tokio::time::sleep(step_aside).await;
+            drop(log_frozen);
             raft.runtime_config().heartbeat(true);
             proposer.resume();
             let still_leading = raft.metrics().borrow().current_leader == Some(me);
@@ -126,5 +138,18 @@ impl HandBack {
                 dispatcher.leadership(shard, true);
             }
         });
+        Ok(SteppedAside {
+            last_log_index,
+            elect_within: lease,
+        })
     }
+}
+
+/// The last entry `replica` holds, as far as the leader knows.
+fn matched_by(metrics: &RaftMetrics<NodeId, BasicNode>, replica: NodeId) -> u64 {
+    metrics
+        .replication
+        .as_ref()
+        .and_then(|replication| replication.get(&replica).cloned().flatten())
+        .map_or(0, |log_id| log_id.index)
 }

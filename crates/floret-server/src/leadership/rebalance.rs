@@ -31,10 +31,11 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const STARTUP_GRACE: Duration = Duration::from_secs(1);
 /// How long the hand-back call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Elections tried after the lease lapsed before giving up until the next check.
-const ELECTION_ATTEMPTS: u32 = 12;
-/// Wait for the outcome of one election attempt.
-const ELECTION_WAIT: Duration = Duration::from_millis(250);
+/// How long the shard may take to settle on a leader after the election
+/// is called. The election is called once: a candidate that loses goes on
+/// as openraft's own, and calling more would only bump the term over
+/// whoever is winning.
+const ELECTION_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Starts the rebalancer of this node.
 pub fn spawn(shards: Arc<Shards>) -> JoinHandle<()> {
@@ -98,27 +99,29 @@ async fn take_back(shards: &Shards, shard: ShardId, leader: NodeId) {
         };
         let _elect_anyway = tokio::time::timeout(elect_within, metrics.wait_for(caught_up)).await;
     }
-    for _ in 0..ELECTION_ATTEMPTS {
-        if group.raft.trigger().elect().await.is_err() {
-            return;
-        }
-        let won = tokio::time::timeout(
-            ELECTION_WAIT,
-            metrics.wait_for(|m| m.current_leader == Some(node_id)),
-        )
-        .await;
-        if matches!(won, Ok(Ok(_))) {
-            tracing::info!(
-                shard,
-                from = leader,
-                "leadership back on the preferred replica"
-            );
-            return;
-        }
+    if group.raft.trigger().elect().await.is_err() {
+        return;
     }
-    tracing::debug!(
-        shard,
-        leader,
-        "did not win the hand-back election; will retry"
-    );
+    let settled = tokio::time::timeout(
+        ELECTION_DEADLINE,
+        metrics.wait_for(|m| m.current_leader.is_some()),
+    )
+    .await;
+    let new_leader = match settled {
+        Ok(Ok(metrics)) => metrics.current_leader,
+        _ => None,
+    };
+    if new_leader == Some(node_id) {
+        tracing::info!(
+            shard,
+            from = leader,
+            "leadership back on the preferred replica"
+        );
+    } else {
+        tracing::debug!(
+            shard,
+            ?new_leader,
+            "did not win the hand-back election; will ask again"
+        );
+    }
 }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use floret_store::{Command, DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::lanes::{EntryLanes, Lane, LaneFull, LaneLimits};
 use crate::config::BatchingConfig;
@@ -121,6 +121,10 @@ pub struct ShardProposer {
     commit_timeout: Duration,
     proposals: mpsc::UnboundedSender<(Lane, Proposal)>,
     paused_until: Arc<Mutex<Option<Instant>>>,
+    /// One permit per entry that may be in flight; an entry holds one
+    /// until it is committed.
+    slots: Arc<Semaphore>,
+    slot_count: u32,
 }
 
 /// The proposers of the shards this node holds.
@@ -144,13 +148,29 @@ impl ShardProposer {
     pub fn spawn(shard: ShardId, raft: Raft, batching: BatchingConfig) -> Self {
         let (proposals, pending) = mpsc::unbounded_channel();
         let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
-        tokio::spawn(run(shard, raft, batching, pending));
+        let slot_count = u32::try_from(batching.proposals_in_flight).unwrap_or(u32::MAX);
+        let slots = Arc::new(Semaphore::new(slot_count as usize));
+        tokio::spawn(run(shard, raft, batching, pending, slots.clone()));
         Self {
             shard,
             commit_timeout,
             proposals,
             paused_until: Arc::default(),
+            slots,
+            slot_count,
         }
+    }
+
+    /// Waits until none of this proposer's entries is in flight, and keeps
+    /// any more from leaving while the permit is held: the shard's raft log
+    /// stops growing here. Operations already queued wait (their callers
+    /// time out and retry); new ones are refused only while paused.
+    pub async fn hold_every_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.slots
+            .clone()
+            .acquire_many_owned(self.slot_count)
+            .await
+            .ok()
     }
 
     /// Refuses new operations for `pause` (or until [`Self::resume`]).
@@ -239,8 +259,8 @@ async fn run(
     raft: Raft,
     batching: BatchingConfig,
     mut pending: mpsc::UnboundedReceiver<(Lane, Proposal)>,
+    slots: Arc<Semaphore>,
 ) {
-    let slots = Arc::new(Semaphore::new(batching.proposals_in_flight));
     let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
     let limits = LaneLimits {
         entry_ops: batching.max_entry_ops,
@@ -372,7 +392,7 @@ async fn commit(
     raft: Raft,
     entry: Vec<Proposal>,
     commit_timeout: Duration,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    slot: OwnedSemaphorePermit,
 ) {
     let (ops, callers): (Vec<_>, Vec<_>) = entry.into_iter().map(|p| (p.op, p.callers)).unzip();
     let fail_all = |callers: Vec<Vec<(Reply, u64)>>, error: ProposeError| {

@@ -365,7 +365,7 @@ impl Peer for PeerService {
         let v1::HandBackRequest { shard_id, node_id } = request.into_inner();
         check_sender(caller, node_id)?;
         self.raft(shard_id)?;
-        let answer = match self.hand_back.grant(shard_id, node_id) {
+        let answer = match self.hand_back.grant(shard_id, node_id).await {
             Ok(stepped_aside) => v1::HandBackResponse {
                 accepted: true,
                 wait_ms: stepped_aside.elect_within.as_millis() as u64,
