@@ -6,12 +6,15 @@
 //! - `bootstrap.rs`: founding new groups, never twice.
 //! - `vote_guard.rs`: a node that may have forgotten a vote or an entry it
 //!   acknowledged grants no vote until a leader reaches it.
+//! - `take_over.rs`: a voter whose log is ahead of a refused candidate's
+//!   calls its own election when no leader is heard.
 //! - `tuning.rs`: raft timing and snapshot tunables.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Membership is fixed by configuration: no joint-consensus changes yet.
 
 mod bootstrap;
+mod take_over;
 mod tuning;
 mod vote_guard;
 
@@ -28,6 +31,7 @@ use crate::gossip::{Liveness, View};
 use crate::network::PeerNetwork;
 use crate::peers::Peers;
 use crate::placement::{ReplicaPlacement, ShardPlacement};
+use take_over::LeaderContact;
 use tuning::raft_config;
 use vote_guard::forget_leadership;
 
@@ -81,6 +85,8 @@ pub struct Shards {
     /// Whether the guard was set only because the data dir is new (lifted
     /// for shards no peer has, see [`Shards::bootstrap`]).
     guard_for_new_data_dir: bool,
+    /// When each shard last heard from a leader.
+    leader_contact: BTreeMap<ShardId, LeaderContact>,
 }
 
 impl Shards {
@@ -143,7 +149,12 @@ impl Shards {
                 vote_guard.insert(shard, until);
             }
         }
+        let opened = Instant::now();
         Ok(Self {
+            leader_contact: groups
+                .keys()
+                .map(|&shard| (shard, LeaderContact::new(opened)))
+                .collect(),
             vote_guard: Mutex::new(vote_guard),
             guard_for_new_data_dir: new_data_dir && !lost_tail,
             peers,

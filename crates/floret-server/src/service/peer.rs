@@ -128,6 +128,7 @@ async fn append(
     });
     match handed {
         Ok((raft, request)) => {
+            shards.heard_from_leader(shard);
             let result: Result<_, RaftError<NodeId>> = raft.append_entries(request).await;
             Outcome::Payload(encode(&result))
         }
@@ -197,8 +198,10 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::RaftMessage>,
     ) -> Result<Response<v1::RaftMessage>, Status> {
-        let refuse = self.shards.refuses_vote(request.get_ref().shard_id);
+        let shard = request.get_ref().shard_id;
+        let refuse = self.shards.refuses_vote(shard);
         let check = |_, vote: &VoteRequest<NodeId>| raft_inputs::check_vote_request(vote);
+        let shards = &self.shards;
         self.relay(
             request,
             |vote: &VoteRequest<NodeId>| vote.vote.leader_id.node_id,
@@ -211,7 +214,11 @@ impl Peer for PeerService {
                         last_log_id: None,
                     })
                 } else {
-                    raft.vote(vote).await
+                    let answered = raft.vote(vote.clone()).await;
+                    if let Ok(response) = &answered {
+                        shards.after_vote(shard, &vote, response);
+                    }
+                    answered
                 };
                 result
             },
