@@ -84,8 +84,8 @@ pub struct Report {
     /// For each leader loss, the longest gap between two acknowledgements
     /// of one producer that spans it, in milliseconds.
     pub unavailability_ms: Vec<u64>,
-    /// How long each acknowledged produce call took, client retries
-    /// included, in milliseconds (a stalled shard shows here).
+    /// How long each produce call took, client retries included, whatever
+    /// its outcome (a call that timed out counts), in milliseconds.
     #[serde(skip)]
     pub produce_ms: Vec<u64>,
     /// For each restart of a killed node, the longest gap between two
@@ -224,15 +224,14 @@ pub fn check(history: &[Record]) -> Report {
         if delivered {
             report.delivered += 1;
         }
+        if let (Some(invoked), Some(completed)) = (attempt.invoked_at, attempt.completed_at) {
+            report
+                .produce_ms
+                .push(completed.saturating_sub(invoked) / 1_000);
+        }
         match &attempt.outcome {
             Some(Outcome::Acknowledged { sequence }) => {
                 report.acknowledged += 1;
-                if let (Some(invoked), Some(completed)) = (attempt.invoked_at, attempt.completed_at)
-                {
-                    report
-                        .produce_ms
-                        .push(completed.saturating_sub(invoked) / 1_000);
-                }
                 if !delivered {
                     report.lost.push(*id);
                 }

@@ -182,6 +182,9 @@ impl Schedule {
                 cluster.kill(second).await;
                 tokio::time::sleep(MAJORITY_DOWN_HOLD).await;
                 cluster.restart_all(&[leader, second], "").await?;
+                for node in [leader, second] {
+                    recorder.record(Event::Restarted { node });
+                }
             }
             Schedule::PartitionLeader => {
                 fault(format!("isolate leader {leader}"), true);

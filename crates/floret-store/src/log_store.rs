@@ -152,10 +152,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(storage_error::write_logs)
     }
 
-    /// Hides the entries and queues their purge, without waiting: see [`Purger`].
+    /// Hides the entries and queues their purge, without waiting, while
+    /// the log holds entries after them; otherwise waits: see [`Purger`].
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.wal.hide_purged(self.shard, log_id);
-        self.purger.purge(self.shard, log_id);
-        Ok(())
+        if self.wal.holds_entries_after(self.shard, log_id.index) {
+            self.purger.purge(self.shard, log_id);
+            return Ok(());
+        }
+        self.purger
+            .purge_and_wait(self.shard, log_id)
+            .await
+            .map_err(storage_error::write_logs)
     }
 }

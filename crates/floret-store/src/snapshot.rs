@@ -12,11 +12,14 @@
 //!   still read, unchecked.
 //! - The snapshot is one in-memory buffer while it is built, sent or
 //!   installed: a backlog of hundreds of MiB costs that much memory for a moment.
+//! - A build that finishes after an install of a later snapshot saves its
+//!   older image over the installed one.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -250,6 +253,9 @@ fn check_other(key: &[u8], value: &[u8]) -> Result<(), String> {
 #[derive(Debug, Clone)]
 pub struct SnapshotFile {
     path: PathBuf,
+    /// Held while a save writes the temp file: a build and an install can
+    /// save at once, on two blocking threads.
+    saving: Arc<Mutex<()>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -262,11 +268,16 @@ impl SnapshotFile {
     pub fn new(dir: &Path, shard: ShardId) -> Self {
         Self {
             path: dir.join(format!("shard-{shard}.snap")),
+            saving: Arc::default(),
         }
     }
 
     /// Replaces the current snapshot, durably.
     pub fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
+        let _one_save_at_a_time = self
+            .saving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let dir = self.path.parent().expect("snapshot path has a folder");
         fs::create_dir_all(dir)?;
         let header = encode(&SnapshotHeader { meta: meta.clone() });

@@ -86,7 +86,7 @@ pub struct Shards {
     /// for shards no peer has, see [`Shards::bootstrap`]).
     guard_for_new_data_dir: bool,
     /// When each shard last heard from a leader.
-    leader_contact: BTreeMap<ShardId, LeaderContact>,
+    leader_contact: BTreeMap<ShardId, Arc<LeaderContact>>,
 }
 
 impl Shards {
@@ -153,7 +153,7 @@ impl Shards {
         Ok(Self {
             leader_contact: groups
                 .keys()
-                .map(|&shard| (shard, LeaderContact::new(opened)))
+                .map(|&shard| (shard, Arc::new(LeaderContact::new(opened))))
                 .collect(),
             vote_guard: Mutex::new(vote_guard),
             guard_for_new_data_dir: new_data_dir && !lost_tail,

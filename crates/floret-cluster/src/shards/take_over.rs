@@ -15,13 +15,19 @@
 //! at the next term, [`ATTEMPTS`] times at most, and stops as soon as the
 //! shard has a leader. While a leader is heard from, nothing changes.
 //!
+//! "Heard from a leader" is any append received for the shard, or a vote
+//! granted (a leader is being elected): a node that just stepped down, or
+//! just voted, does not call elections over the new leader.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - "Heard from a leader" is any append received for the shard, a
-//!   deposed leader's included.
+//! - A deposed leader's appends count as a leader heard from.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use floret_store::{NodeId, ShardId};
+use openraft::ServerState;
 use openraft::raft::{VoteRequest, VoteResponse};
 
 use super::Shards;
@@ -41,29 +47,28 @@ fn refused_by_a_longer_log(request: &VoteRequest<NodeId>, response: &VoteRespons
 /// node opened its shards (0: never).
 pub(super) struct LeaderContact {
     opened: Instant,
-    last_append_ms: std::sync::atomic::AtomicU64,
+    last_append_ms: AtomicU64,
+    /// Whether this node is calling elections for the shard already.
+    taking_over: AtomicBool,
 }
 
 impl LeaderContact {
     pub(super) fn new(opened: Instant) -> Self {
         Self {
             opened,
-            last_append_ms: std::sync::atomic::AtomicU64::new(0),
+            last_append_ms: AtomicU64::new(0),
+            taking_over: AtomicBool::new(false),
         }
     }
 
     fn record(&self) {
         let now = self.opened.elapsed().as_millis() as u64;
-        self.last_append_ms
-            .store(now.max(1), std::sync::atomic::Ordering::Relaxed);
+        self.last_append_ms.store(now.max(1), Ordering::Relaxed);
     }
 
     /// How long since the last append; None before any.
     fn silence(&self) -> Option<Duration> {
-        match self
-            .last_append_ms
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        match self.last_append_ms.load(Ordering::Relaxed) {
             0 => None,
             last => Some(
                 self.opened
@@ -91,21 +96,32 @@ impl Shards {
         request: &VoteRequest<NodeId>,
         response: &VoteResponse<NodeId>,
     ) {
+        let (Some(contact), Some(group)) =
+            (self.leader_contact.get(&shard), self.groups.get(&shard))
+        else {
+            return;
+        };
+        if response.vote_granted {
+            contact.record();
+            return;
+        }
         if !refused_by_a_longer_log(request, response) {
             return;
         }
         let lease = self.tuning.election_timeout_max;
-        let silent = self
-            .leader_contact
-            .get(&shard)
-            .and_then(LeaderContact::silence)
-            .is_none_or(|silence| silence > lease);
-        let Some(group) = self.groups.get(&shard) else {
-            return;
-        };
-        if !silent || self.refuses_vote(shard) {
+        let silent = contact.silence().is_none_or(|silence| silence > lease);
+        let leading = group.raft.metrics().borrow().state == ServerState::Leader;
+        if !silent || leading || self.refuses_vote(shard) {
             return;
         }
+        if contact
+            .taking_over
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let contact = Arc::clone(contact);
         let raft = group.raft.clone();
         let refused_at_term = raft.metrics().borrow().vote.leader_id.term;
         tracing::debug!(
@@ -120,10 +136,11 @@ impl Shards {
                     metrics.vote.committed && metrics.vote.leader_id.term > refused_at_term
                 };
                 if decided || raft.trigger().elect().await.is_err() {
-                    return;
+                    break;
                 }
                 tokio::time::sleep(ATTEMPT_WAIT).await;
             }
+            contact.taking_over.store(false, Ordering::Release);
         });
     }
 }

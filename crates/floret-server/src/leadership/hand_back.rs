@@ -24,6 +24,7 @@ use std::time::Duration;
 use floret_cluster::Shards;
 use floret_store::{NodeId, ShardId};
 use openraft::{BasicNode, RaftMetrics};
+use tokio::sync::oneshot;
 
 use crate::deliver::DispatcherHandle;
 use crate::produce::proposer::Proposers;
@@ -100,31 +101,44 @@ impl HandBack {
                 "shard {shard}'s entries in flight did not commit within {ENTRIES_IN_FLIGHT_WAIT:?}"
             ));
         };
+        let raft = group.raft.clone();
+        if raft.metrics().borrow().current_leader != Some(me) {
+            drop(log_frozen);
+            proposer.resume();
+            return Err(format!("node {me} no longer leads shard {shard}"));
+        }
         tracing::info!(
             shard,
             to = requester,
             "handing the shard's leadership back to its preferred replica"
         );
-        let raft = group.raft.clone();
-        raft.runtime_config().heartbeat(false);
-        self.dispatcher.leadership(shard, false);
-        let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
-        let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
-            matched_by(m, requester) >= last_log_index || m.current_leader != Some(me)
-        };
-        let mut metrics = raft.metrics();
-        if tokio::time::timeout(lease, metrics.wait_for(caught_up))
-            .await
-            .is_err()
-        {
-            tracing::debug!(
-                shard,
-                to = requester,
-                "the replica did not catch up within a lease; answering anyway"
-            );
-        }
-        let (dispatcher, proposer) = (self.dispatcher.clone(), proposer.clone());
+        let (answer, answered) = oneshot::channel();
+        let dispatcher = self.dispatcher.clone();
+        // In a task of its own: heartbeats and dispatch come back even if
+        // the caller gives up on this call.
         tokio::spawn(async move {
+            raft.runtime_config().heartbeat(false);
+            dispatcher.leadership(shard, false);
+            let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
+            let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
+                matched_by(m, requester) >= last_log_index || m.current_leader != Some(me)
+            };
+            let mut metrics = raft.metrics();
+            if tokio::time::timeout(lease, metrics.wait_for(caught_up))
+                .await
+                .is_err()
+            {
+                tracing::debug!(
+                    shard,
+                    to = requester,
+                    "the replica did not catch up within a lease; answering anyway"
+                );
+            }
+            proposer.pause(step_aside);
+            let _caller_gone = answer.send(SteppedAside {
+                last_log_index,
+                elect_within: lease,
+            });
             tokio::time::sleep(step_aside).await;
             drop(log_frozen);
             raft.runtime_config().heartbeat(true);
@@ -138,10 +152,9 @@ impl HandBack {
                 dispatcher.leadership(shard, true);
             }
         });
-        Ok(SteppedAside {
-            last_log_index,
-            elect_within: lease,
-        })
+        answered
+            .await
+            .map_err(|_| format!("the hand-back of shard {shard} stopped"))
     }
 }
 

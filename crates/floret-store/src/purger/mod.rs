@@ -15,6 +15,10 @@
 //! nothing needs them (openraft re-applies from the state machines' last
 //! applied id). A purge whose sync fails is dropped with an error logged;
 //! the shard's next purge, up to a later entry, covers its entries.
+//!
+//! A purge of every entry the log holds (a snapshot installed past them,
+//! or openraft's clean-up at start) waits for its record: the entries the
+//! leader sends next would otherwise follow a hole after a crash.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -58,10 +62,14 @@ pub(crate) struct Purger {
     requests: mpsc::Sender<PurgeRequest>,
 }
 
+/// Where the outcome of one shard's purge goes.
+type PurgeDone = oneshot::Sender<Result<(), String>>;
+
 enum PurgeRequest {
     Purge {
         shard: ShardId,
         upto: LogId,
+        done: Option<PurgeDone>,
     },
     /// Answered once every purge queued before it is done.
     Settled(oneshot::Sender<()>),
@@ -83,7 +91,29 @@ impl Purger {
     /// Queues the purge of `shard`'s entries up to `upto`, inclusive. A
     /// stopped purger drops it: the entries stay in the log.
     pub(crate) fn purge(&self, shard: ShardId, upto: LogId) {
-        let _stopped = self.requests.send(PurgeRequest::Purge { shard, upto });
+        let _stopped = self.requests.send(PurgeRequest::Purge {
+            shard,
+            upto,
+            done: None,
+        });
+    }
+
+    /// Purges `shard`'s entries up to `upto` and waits until the purge
+    /// record is written, or says why it was not.
+    pub(crate) async fn purge_and_wait(&self, shard: ShardId, upto: LogId) -> io::Result<()> {
+        let (done, outcome) = oneshot::channel();
+        self.requests
+            .send(PurgeRequest::Purge {
+                shard,
+                upto,
+                done: Some(done),
+            })
+            .map_err(|_| io::Error::other("the purger thread has stopped"))?;
+        match outcome.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(io::Error::other(why)),
+            Err(_) => Err(io::Error::other("the purger thread has stopped")),
+        }
     }
 
     /// Waits until every purge queued before this call is done (or dropped).
@@ -105,6 +135,8 @@ impl Purger {
 struct Turn {
     /// The furthest purge asked of each shard.
     upto: BTreeMap<ShardId, LogId>,
+    /// Callers waiting for their shard's purge.
+    waiting: Vec<(ShardId, PurgeDone)>,
     settled: Vec<oneshot::Sender<()>>,
     stop: bool,
 }
@@ -114,9 +146,12 @@ impl Turn {
         let mut turn = Self::default();
         for request in requests {
             match request {
-                PurgeRequest::Purge { shard, upto } => {
+                PurgeRequest::Purge { shard, upto, done } => {
                     let furthest = turn.upto.entry(shard).or_insert(upto);
                     *furthest = (*furthest).max(upto);
+                    if let Some(done) = done {
+                        turn.waiting.push((shard, done));
+                    }
                 }
                 PurgeRequest::Settled(settled) => turn.settled.push(settled),
                 PurgeRequest::Stop => turn.stop = true,
@@ -129,8 +164,10 @@ impl Turn {
 fn run_purger(target: impl PurgeTarget, queued: mpsc::Receiver<PurgeRequest>) {
     while let Ok(first) = queued.recv() {
         let turn = Turn::gather(std::iter::once(first).chain(queued.try_iter()));
-        if !turn.upto.is_empty() {
-            purge(&target, turn.upto);
+        let outcomes = purge(&target, turn.upto);
+        for (shard, done) in turn.waiting {
+            let outcome = outcomes.get(&shard).cloned().unwrap_or(Ok(()));
+            let _caller_gone = done.send(outcome);
         }
         for settled in turn.settled {
             let _caller_gone = settled.send(());
@@ -141,19 +178,34 @@ fn run_purger(target: impl PurgeTarget, queued: mpsc::Receiver<PurgeRequest>) {
     }
 }
 
-fn purge(target: &impl PurgeTarget, upto: BTreeMap<ShardId, LogId>) {
+/// Each shard's outcome: its purge record written, or why not.
+fn purge(
+    target: &impl PurgeTarget,
+    upto: BTreeMap<ShardId, LogId>,
+) -> BTreeMap<ShardId, Result<(), String>> {
+    if upto.is_empty() {
+        return BTreeMap::new();
+    }
     if let Err(error) = target.sync_state_machines() {
         tracing::error!(
             %error,
             "making the state machines durable before purging the raft log failed; the entries stay"
         );
-        return;
+        let why = format!("making the state machines durable failed: {error}");
+        return upto
+            .into_keys()
+            .map(|shard| (shard, Err(why.clone())))
+            .collect();
     }
-    for (shard, upto) in upto {
-        if let Err(error) = target.purge_log(shard, upto) {
-            tracing::error!(shard, %error, "purging the raft log failed; the entries stay");
-        }
-    }
+    upto.into_iter()
+        .map(|(shard, upto)| {
+            let outcome = target.purge_log(shard, upto).map_err(|error| {
+                tracing::error!(shard, %error, "purging the raft log failed; the entries stay");
+                error.to_string()
+            });
+            (shard, outcome)
+        })
+        .collect()
 }
 
 #[cfg(test)]

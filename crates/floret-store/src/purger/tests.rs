@@ -156,3 +156,23 @@ async fn failed_sync_purges_nothing_and_the_next_purge_covers_it() {
     );
     harness.stop();
 }
+
+#[tokio::test]
+async fn purge_waited_for_reports_a_failed_sync() {
+    let harness = Harness::start();
+    harness.finish_sync.send(false).unwrap();
+    let failed = tokio::time::timeout(DEADLINE, harness.purger.purge_and_wait(1, log_id(3)))
+        .await
+        .unwrap();
+    assert!(failed.unwrap_err().to_string().contains("disk gone"));
+    harness.finish_sync.send(true).unwrap();
+    tokio::time::timeout(DEADLINE, harness.purger.purge_and_wait(1, log_id(4)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        harness.done(),
+        [Done::SyncFailed, Done::Synced, Done::Purged(1, 4)]
+    );
+    harness.stop();
+}

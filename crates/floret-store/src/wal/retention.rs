@@ -13,6 +13,14 @@ use super::{CARRY_FORWARD_BYTES, Location, Record, Wal, WalState};
 use crate::types::{LogId, ShardId};
 
 impl Wal {
+    /// Whether `shard`'s log holds an entry after `index`.
+    pub fn holds_entries_after(&self, shard: ShardId, index: u64) -> bool {
+        self.lock()
+            .shards
+            .get(&shard)
+            .is_some_and(|log| log.entries.range(index + 1..).next().is_some())
+    }
+
     /// Hides `shard`'s entries up to `upto` at once, as openraft expects of
     /// a purge. They stay in the log, and come back after a restart, until
     /// [`Wal::purge`] drops them once the state machines are durable.
