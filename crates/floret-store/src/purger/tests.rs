@@ -81,6 +81,12 @@ impl Harness {
             .expect("a sync began within the deadline");
     }
 
+    async fn settled(&self) {
+        tokio::time::timeout(DEADLINE, self.purger.settled())
+            .await
+            .expect("the purger settled within the deadline");
+    }
+
     fn done(&self) -> Vec<Done> {
         self.done.lock().unwrap().clone()
     }
@@ -103,9 +109,7 @@ async fn purge_returns_while_the_state_machines_are_still_syncing() {
     harness.wait_for_a_sync_to_begin();
     assert_eq!(harness.done(), [], "the caller did not wait for the sync");
     harness.finish_sync.send(true).unwrap();
-    tokio::time::timeout(DEADLINE, harness.purger.settled())
-        .await
-        .unwrap();
+    harness.settled().await;
     assert_eq!(harness.done(), [Done::Synced, Done::Purged(0, 5)]);
     harness.stop();
 }
@@ -120,9 +124,7 @@ async fn purges_waiting_together_share_one_sync_and_keep_the_furthest() {
     harness.purger.purge(0, log_id(9));
     harness.finish_sync.send(true).unwrap();
     harness.finish_sync.send(true).unwrap();
-    tokio::time::timeout(DEADLINE, harness.purger.settled())
-        .await
-        .unwrap();
+    harness.settled().await;
     assert_eq!(
         harness.done(),
         [
@@ -141,15 +143,11 @@ async fn failed_sync_purges_nothing_and_the_next_purge_covers_it() {
     let harness = Harness::start();
     harness.purger.purge(2, log_id(4));
     harness.finish_sync.send(false).unwrap();
-    tokio::time::timeout(DEADLINE, harness.purger.settled())
-        .await
-        .unwrap();
+    harness.settled().await;
     assert_eq!(harness.done(), [Done::SyncFailed]);
     harness.purger.purge(2, log_id(8));
     harness.finish_sync.send(true).unwrap();
-    tokio::time::timeout(DEADLINE, harness.purger.settled())
-        .await
-        .unwrap();
+    harness.settled().await;
     assert_eq!(
         harness.done(),
         [Done::SyncFailed, Done::Synced, Done::Purged(2, 8)]
