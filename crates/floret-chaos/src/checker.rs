@@ -30,7 +30,7 @@
 //! Unavailability: for each fault marked as a leader loss, the longest any
 //! producer went without an acknowledgement across it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use floret_sched::jain_index;
 use serde::Serialize;
@@ -285,12 +285,6 @@ pub fn check(history: &[Record]) -> Report {
     report
 }
 
-/// The `rank` percentile (0 to 1) of the sorted `values`; None when empty.
-pub fn percentile(sorted: &[u64], rank: f64) -> Option<u64> {
-    let last = sorted.len().checked_sub(1)?;
-    Some(sorted[((last as f64) * rank).round() as usize])
-}
-
 /// The median of `indexes` and how many there were; None when empty.
 fn median(mut indexes: Vec<f64>) -> Option<(f64, usize)> {
     if indexes.is_empty() {
@@ -374,86 +368,9 @@ fn fairness_windows(attempts: &BTreeMap<MessageId, Attempt>) -> Vec<(u64, f64)> 
     windows
 }
 
-/// Each producer's acknowledgement times, in order.
-fn acks_by_producer(history: &[Record]) -> BTreeMap<u32, Vec<u64>> {
-    let mut acks: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for record in history {
-        if let Event::Completed {
-            id,
-            outcome: Outcome::Acknowledged { .. },
-        } = &record.event
-        {
-            acks.entry(id.producer).or_default().push(record.at_us);
-        }
-    }
-    acks
-}
-
-/// For each restart, the longest gap between consecutive acknowledgements
-/// of one producer that begins between the restart and the next heal.
-fn hand_back_stalls(history: &[Record]) -> Vec<u64> {
-    let acks = acks_by_producer(history);
-    let mut stalls = Vec::new();
-    let mut restarted: Option<u64> = None;
-    for record in history {
-        match record.event {
-            Event::Restarted { .. } => {
-                restarted.get_or_insert(record.at_us);
-            }
-            Event::Healed => {
-                if let Some(from) = restarted.take() {
-                    let longest = acks
-                        .values()
-                        .flat_map(|times| times.windows(2))
-                        .filter(|gap| gap[0] >= from && gap[0] < record.at_us)
-                        .map(|gap| (gap[1] - gap[0]) / 1_000)
-                        .max()
-                        .unwrap_or(0);
-                    stalls.push(longest);
-                }
-            }
-            _ => {}
-        }
-    }
-    stalls
-}
-
-/// For each leader loss, the longest gap between acknowledgements of one
-/// producer that spans it (producers with no acknowledgement on one side
-/// are not counted).
-fn unavailability(history: &[Record]) -> Vec<u64> {
-    let losses: Vec<u64> = history
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.event,
-                Event::Fault {
-                    leader_loss: true,
-                    ..
-                }
-            )
-        })
-        .map(|r| r.at_us)
-        .collect();
-    let acks = acks_by_producer(history);
-    let producers: BTreeSet<u32> = acks.keys().copied().collect();
-    losses
-        .iter()
-        .map(|&at| {
-            producers
-                .iter()
-                .filter_map(|p| {
-                    let times = &acks[p];
-                    let after = times.partition_point(|&t| t < at);
-                    let before = after.checked_sub(1).map(|i| times[i])?;
-                    let next = times.get(after).copied()?;
-                    Some((next - before) / 1_000)
-                })
-                .max()
-                .unwrap_or(0)
-        })
-        .collect()
-}
-
+mod stalls;
 #[cfg(test)]
 mod tests;
+
+pub use stalls::percentile;
+use stalls::{hand_back_stalls, unavailability};
