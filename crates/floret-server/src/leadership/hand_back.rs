@@ -81,10 +81,10 @@ impl HandBack {
             return Err(format!("node {me} does not lead shard {shard}"));
         }
         let last_log = metrics.last_log_index.unwrap_or(0);
-        if matched_by(&metrics, requester) + HAND_BACK_MAX_LAG < last_log {
+        let lag = last_log.saturating_sub(matched_by(&metrics, requester));
+        if lag > HAND_BACK_MAX_LAG {
             return Err(format!(
-                "node {requester} is {} entries behind on shard {shard}",
-                last_log - matched_by(&metrics, requester)
+                "node {requester} is {lag} entries behind on shard {shard}"
             ));
         }
         let Some(proposer) = self.proposers.get(shard).cloned() else {
