@@ -232,7 +232,7 @@ pub struct BatchingConfig {
     /// Payload bytes after which an entry is closed (one larger op still goes alone).
     pub max_entry_bytes: usize,
     /// Entries a shard may have proposed and not yet committed; while they are
-    /// in flight the next entry fills up (and leaves early only when full).
+    /// in flight the next entry fills up.
     pub proposals_in_flight: usize,
     /// How long a produce or ack waits for its entry to commit before it is
     /// answered UNAVAILABLE (outcome unknown: no majority reachable), in ms.
