@@ -297,37 +297,17 @@ impl Database {
     /// Records the shard count on first use and refuses a different one later:
     /// producers are placed by it, so changing it would hide their queues.
     pub fn claim_shard_count(&self, shard_count: u32) -> Result<(), OpenError> {
-        let io_error = |source| OpenError::Io {
-            path: self.dir.clone(),
-            source,
+        let Some(stored) = self.claim(SHARD_COUNT_KEY, &shard_count.to_be_bytes())? else {
+            return Ok(());
         };
-        let stored = self
-            .db
-            .compare_and_swap(
-                SHARD_COUNT_KEY,
-                None as Option<&[u8]>,
-                Some(&shard_count.to_be_bytes()[..]),
-            )
-            .map_err(|e| io_error(io::Error::other(e)))?;
-        match stored {
-            Ok(()) => Ok(()),
-            Err(current) => {
-                let found = current
-                    .current
-                    .and_then(|bytes| <[u8; 4]>::try_from(bytes.as_ref()).ok())
-                    .map(u32::from_be_bytes)
-                    .unwrap_or(0);
-                if found == shard_count {
-                    Ok(())
-                } else {
-                    Err(OpenError::ShardCountMismatch {
-                        path: self.dir.clone(),
-                        found,
-                        requested: shard_count,
-                    })
-                }
-            }
-        }
+        let found = <[u8; 4]>::try_from(stored.as_ref())
+            .map(u32::from_be_bytes)
+            .unwrap_or(0);
+        Err(OpenError::ShardCountMismatch {
+            path: self.dir.clone(),
+            found,
+            requested: shard_count,
+        })
     }
 
     /// Records the cluster's placement (a description of its member ids and
@@ -336,35 +316,30 @@ impl Database {
     /// anew next to its old replicas, or leave a group with members that
     /// never hear from it.
     pub fn claim_placement(&self, placement: &str) -> Result<(), OpenError> {
+        let Some(stored) = self.claim(PLACEMENT_KEY, placement.as_bytes())? else {
+            return Ok(());
+        };
+        Err(OpenError::PlacementMismatch {
+            path: self.dir.clone(),
+            found: String::from_utf8_lossy(&stored).into_owned(),
+            requested: placement.to_owned(),
+        })
+    }
+
+    /// Stores `value` under `key` unless a value is stored there already;
+    /// the stored value when it differs from `value`.
+    fn claim(&self, key: &[u8], value: &[u8]) -> Result<Option<sled::IVec>, OpenError> {
         let stored = self
             .db
-            .compare_and_swap(
-                PLACEMENT_KEY,
-                None as Option<&[u8]>,
-                Some(placement.as_bytes()),
-            )
+            .compare_and_swap(key, None as Option<&[u8]>, Some(value))
             .map_err(|e| OpenError::Io {
                 path: self.dir.clone(),
                 source: io::Error::other(e),
             })?;
-        match stored {
-            Ok(()) => Ok(()),
-            Err(current) => {
-                let found = current
-                    .current
-                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-                    .unwrap_or_default();
-                if found == placement {
-                    Ok(())
-                } else {
-                    Err(OpenError::PlacementMismatch {
-                        path: self.dir.clone(),
-                        found,
-                        requested: placement.to_owned(),
-                    })
-                }
-            }
-        }
+        Ok(match stored {
+            Ok(()) => None,
+            Err(conflict) => conflict.current.filter(|current| current != value),
+        })
     }
 
     /// Syncs, stops the flusher and waits for it, so that once every shard
@@ -425,3 +400,6 @@ fn load_pins(db: &sled::Db) -> io::Result<HashMap<ShardId, SegmentRuns>> {
     }
     Ok(per_shard)
 }
+
+#[cfg(test)]
+mod tests;
