@@ -297,25 +297,28 @@ fn median(mut indexes: Vec<f64>) -> Option<(f64, usize)> {
 /// When each round's fault held, in microseconds: from its first fault
 /// event until [`RECOVERY_US`] after the round healed (or the history ended).
 fn fault_spans(history: &[Record]) -> Vec<(u64, u64)> {
-    let mut spans = Vec::new();
+    rounds(history, |event| matches!(event, Event::Fault { .. }))
+        .into_iter()
+        .map(|(from, healed)| (from, healed.map_or(u64::MAX, |at| at + RECOVERY_US)))
+        .collect()
+}
+
+/// Each round that `opens` marks: the time of its first record that
+/// `opens` matches, and when the round healed (None if it never did).
+fn rounds(history: &[Record], opens: impl Fn(&Event) -> bool) -> Vec<(u64, Option<u64>)> {
+    let mut rounds = Vec::new();
     let mut open: Option<u64> = None;
     for record in history {
-        match record.event {
-            Event::Fault { .. } => {
-                open.get_or_insert(record.at_us);
-            }
-            Event::Healed => {
-                if let Some(from) = open.take() {
-                    spans.push((from, record.at_us + RECOVERY_US));
-                }
-            }
-            _ => {}
+        if opens(&record.event) {
+            open.get_or_insert(record.at_us);
+        } else if matches!(record.event, Event::Healed)
+            && let Some(from) = open.take()
+        {
+            rounds.push((from, Some(record.at_us)));
         }
     }
-    if let Some(from) = open {
-        spans.push((from, u64::MAX));
-    }
-    spans
+    rounds.extend(open.map(|from| (from, None)));
+    rounds
 }
 
 /// Each one-second window with two or more backlogged producers: its start

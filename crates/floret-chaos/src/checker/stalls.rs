@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::rounds;
 use crate::history::{Event, Outcome, Record};
 
 /// The `rank` percentile (0 to 1) of the sorted `values`; None when empty.
@@ -30,29 +31,21 @@ fn acks_by_producer(history: &[Record]) -> BTreeMap<u32, Vec<u64>> {
 /// of one producer that begins between the restart and the next heal.
 pub(super) fn hand_back_stalls(history: &[Record]) -> Vec<u64> {
     let acks = acks_by_producer(history);
-    let mut stalls = Vec::new();
-    let mut restarted: Option<u64> = None;
-    for record in history {
-        match record.event {
-            Event::Restarted { .. } => {
-                restarted.get_or_insert(record.at_us);
-            }
-            Event::Healed => {
-                if let Some(from) = restarted.take() {
-                    let longest = acks
-                        .values()
-                        .flat_map(|times| times.windows(2))
-                        .filter(|gap| gap[0] >= from && gap[0] < record.at_us)
-                        .map(|gap| (gap[1] - gap[0]) / 1_000)
-                        .max()
-                        .unwrap_or(0);
-                    stalls.push(longest);
-                }
-            }
-            _ => {}
-        }
-    }
-    stalls
+    let restarts = rounds(history, |event| matches!(event, Event::Restarted { .. }));
+    restarts
+        .into_iter()
+        .filter_map(|(from, healed)| {
+            let healed = healed?;
+            let longest = acks
+                .values()
+                .flat_map(|times| times.windows(2))
+                .filter(|gap| gap[0] >= from && gap[0] < healed)
+                .map(|gap| (gap[1] - gap[0]) / 1_000)
+                .max()
+                .unwrap_or(0);
+            Some(longest)
+        })
+        .collect()
 }
 
 /// For each leader loss, the longest gap between acknowledgements of one
