@@ -20,6 +20,14 @@
 //!   takes one operation of each entry, not dozens, and costs the state
 //!   machine one write of the producer's records per entry.
 //!
+//! - While another entry of the shard is in flight, the next one leaves
+//!   only once it is full ([`EntryLanes::leaves_now`]); otherwise it waits
+//!   for that entry's commit and keeps filling. An idle shard's lone
+//!   operation leaves at once, and a flood that fills entries keeps them
+//!   pipelined; calls that trickle in between go in fewer, fuller entries,
+//!   each of which costs every replica a log append, a replication round
+//!   and an apply whatever it holds.
+//!
 //! This is pure bookkeeping: the shard's proposer (`proposer.rs`) owns one
 //! and moves operations through it.
 //!
@@ -130,6 +138,10 @@ pub struct EntryLanes<T> {
     turns: VecDeque<Lane>,
     /// Bytes waiting in all producers' lines.
     waiting_bytes: usize,
+    /// Operations waiting in all producers' lines (folded calls count once).
+    waiting_operations: usize,
+    /// Bytes of the waiting settles.
+    settle_bytes: usize,
 }
 
 impl<T> EntryLanes<T> {
@@ -142,12 +154,29 @@ impl<T> EntryLanes<T> {
             producers: HashMap::new(),
             turns: VecDeque::new(),
             waiting_bytes: 0,
+            waiting_operations: 0,
+            settle_bytes: 0,
         }
     }
 
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.settles.is_empty() && self.turns.is_empty()
+    }
+
+    /// Whether what waits fills an entry, by operations or by bytes.
+    pub fn holds_a_full_entry(&self) -> bool {
+        let operations = self.settles.len() + self.waiting_operations;
+        operations >= self.limits.entry_ops
+            || self.settle_bytes + self.waiting_bytes >= self.limits.entry_bytes
+    }
+
+    /// Whether the next entry should leave now, with `others_in_flight`
+    /// of the shard's entries proposed and not yet committed: at once when
+    /// none is, and otherwise only once it is full; until then it waits for
+    /// a commit and fills.
+    pub fn leaves_now(&self, others_in_flight: usize) -> bool {
+        !self.is_empty() && (others_in_flight == 0 || self.holds_a_full_entry())
     }
 
     /// Queues `operation` of `bytes` in `lane`, or hands it back refused
@@ -164,6 +193,7 @@ impl<T> EntryLanes<T> {
     ) -> Result<(), (T, LaneFull)> {
         if lane == Lane::Settle {
             self.settles.push_back((operation, bytes));
+            self.settle_bytes += bytes;
             return Ok(());
         }
         let limits = self.limits;
@@ -179,9 +209,10 @@ impl<T> EntryLanes<T> {
                 && line.bytes >= waiting / waiting_lines
         };
         if full(line) || over_share(line, self.waiting_bytes) {
-            let before = line.bytes;
+            let (bytes_before, operations_before) = (line.bytes, line.waiting.len());
             line.drop_abandoned(self.abandoned);
-            self.waiting_bytes -= before - line.bytes;
+            self.waiting_bytes -= bytes_before - line.bytes;
+            self.waiting_operations -= operations_before - line.waiting.len();
         }
         let refused = if full(line) {
             Some(None)
@@ -226,6 +257,7 @@ impl<T> EntryLanes<T> {
             bytes,
             calls: 1,
         });
+        self.waiting_operations += 1;
         Ok(())
     }
 
@@ -242,6 +274,7 @@ impl<T> EntryLanes<T> {
             let Some((operation, size)) = self.settles.pop_front() else {
                 break;
             };
+            self.settle_bytes -= size;
             if !(self.abandoned)(&operation) {
                 bytes += size;
                 entry.push(operation);
@@ -261,6 +294,7 @@ impl<T> EntryLanes<T> {
             line.bytes -= waiting.bytes;
             line.calls -= waiting.calls;
             self.waiting_bytes -= waiting.bytes;
+            self.waiting_operations -= 1;
             if !(self.abandoned)(&waiting.operation) {
                 bytes += waiting.bytes;
                 entry.push(waiting.operation);

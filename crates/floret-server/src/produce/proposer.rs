@@ -5,7 +5,10 @@
 //! first waiting operation, waits for one of `proposals_in_flight` slots, and
 //! meanwhile more operations queue up; then it composes one entry from them
 //! (up to `max_entry_ops` / `max_entry_bytes`). Under load entries fill by
-//! themselves; an idle shard adds no linger to a lone produce.
+//! themselves; an idle shard adds no linger to a lone produce. While
+//! another entry is in flight, a part-filled one waits for its commit and
+//! keeps filling (`EntryLanes::leaves_now`): calls that trickle in go in
+//! fewer, fuller entries, and only full ones are pipelined.
 //!
 //! Waiting operations are kept in one line per producer (`lanes.rs`): an
 //! entry takes settles first, then the producers in turn, so a flood of
@@ -37,12 +40,13 @@
 //!   would have fitted (each is told to retry).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use floret_store::{Command, DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::lanes::{EntryLanes, Lane, LaneFull, LaneLimits};
 use crate::config::BatchingConfig;
@@ -270,6 +274,8 @@ async fn run(
         shard_bytes: batching.max_queued_bytes_per_shard,
     };
     let mut lanes = EntryLanes::new(limits, abandoned);
+    let in_flight = Arc::new(EntriesInFlight::default());
+    let mut closed = false;
     loop {
         if lanes.is_empty() {
             let Some(first) = pending.recv().await else {
@@ -283,12 +289,55 @@ async fn run(
         while let Ok(next) = pending.try_recv() {
             queue(shard, &mut lanes, next);
         }
+        while !closed && !lanes.leaves_now(in_flight.count()) {
+            tokio::select! {
+                next = pending.recv() => match next {
+                    Some(next) => queue(shard, &mut lanes, next),
+                    None => closed = true,
+                },
+                () = in_flight.one_done.notified() => {}
+            }
+            while let Ok(next) = pending.try_recv() {
+                queue(shard, &mut lanes, next);
+            }
+        }
         let entry = lanes.next_entry();
         if entry.is_empty() {
+            if closed {
+                break;
+            }
             continue;
         }
         metrics::histogram!("floret_entry_ops").record(entry.len() as f64);
-        tokio::spawn(commit(shard, raft.clone(), entry, commit_timeout, slot));
+        in_flight.proposed();
+        let (raft, in_flight) = (raft.clone(), in_flight.clone());
+        tokio::spawn(async move {
+            commit(shard, raft, entry, commit_timeout, slot).await;
+            in_flight.done();
+        });
+    }
+}
+
+/// How many of a shard's entries are proposed and not yet committed (or
+/// failed), and a wake-up for the proposer each time one is.
+#[derive(Default)]
+struct EntriesInFlight {
+    entries: AtomicUsize,
+    one_done: Notify,
+}
+
+impl EntriesInFlight {
+    fn count(&self) -> usize {
+        self.entries.load(Ordering::Acquire)
+    }
+
+    fn proposed(&self) {
+        self.entries.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn done(&self) {
+        self.entries.fetch_sub(1, Ordering::AcqRel);
+        self.one_done.notify_one();
     }
 }
 

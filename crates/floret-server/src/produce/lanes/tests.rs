@@ -8,7 +8,9 @@
 //! - `settle NAME BYTES` queues a settling operation;
 //! - `gone NAME` marks an operation's caller as gone: it is not proposed,
 //!   and frees its place when its line is full;
-//! - `entry` composes the next entry and prints its operations.
+//! - `entry` composes the next entry and prints its operations;
+//! - `leaves? N` prints whether the next entry leaves now (`leaves`) or
+//!   waits for a commit (`waits`) with N other entries in flight.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -88,6 +90,10 @@ fn run_under(limits: LaneLimits, script: &str) {
             ["entry"] => {
                 let names: Vec<String> = lanes.next_entry().into_iter().map(|o| o.name).collect();
                 printed.push(format!("entry: {}", names.join(" ")).trim().to_owned());
+            }
+            ["leaves?", in_flight] => {
+                let leaves = lanes.leaves_now(size(in_flight));
+                printed.push(if leaves { "leaves" } else { "waits" }.to_owned());
             }
             other => panic!("unknown command {other:?}"),
         }
@@ -270,4 +276,105 @@ fn many_producers_queue_without_bound_until_memory_runs_out() {
         push a a2 60
         ",
     );
+}
+
+#[test]
+fn a_lone_call_on_an_idle_shard_leaves_at_once() {
+    run("
+        leaves? 0
+        > waits
+        push a a1 1
+        leaves? 0
+        > leaves
+    ");
+}
+
+#[test]
+fn trickling_calls_behind_an_entry_in_flight_fill_the_next_one_before_it_leaves() {
+    run("
+        push a a1 1
+        leaves? 1
+        > waits
+        push b b1 1
+        push c c1 1
+        leaves? 1
+        > waits
+        leaves? 0
+        > leaves
+        push d d1 1
+        leaves? 1
+        > leaves
+        entry
+        > entry: a1 b1 c1 d1
+        leaves? 1
+        > waits
+    ");
+}
+
+#[test]
+fn a_flood_that_fills_entries_by_bytes_keeps_them_pipelined() {
+    run("
+        push flood f1 60
+        leaves? 1
+        > waits
+        push flood f2 50
+        leaves? 1
+        > leaves
+        entry
+        > entry: f1 f2
+    ");
+}
+
+#[test]
+fn folded_calls_fill_an_entry_by_bytes_not_by_operations() {
+    run("
+        push a a1 30
+        push a +a2 30
+        push a +a3 30
+        leaves? 1
+        > waits
+        push b b1 10
+        leaves? 1
+        > leaves
+        entry
+        > entry: a1+a2+a3 b1
+        leaves? 1
+        > waits
+    ");
+}
+
+#[test]
+fn waiting_settles_count_towards_a_full_entry() {
+    run("
+        settle s1 1
+        settle s2 1
+        push a a1 1
+        leaves? 1
+        > waits
+        settle s3 1
+        leaves? 1
+        > leaves
+        entry
+        > entry: s1 s2 s3 a1
+    ");
+}
+
+#[test]
+fn gone_calls_dropped_from_a_full_line_no_longer_count_towards_an_entry() {
+    run("
+        push flood f1 1
+        push flood f2 1
+        push flood f3 1
+        push quiet q1 1
+        leaves? 1
+        > leaves
+        gone f1
+        gone f2
+        gone f3
+        push flood f4 1
+        leaves? 1
+        > waits
+        entry
+        > entry: f4 q1
+    ");
 }
