@@ -5,9 +5,13 @@
 //! Each node the client talks to has a [`Coalescer`]: a task that takes the
 //! calls waiting for it, up to [`ProduceCoalescing::max_produces`] or
 //! [`ProduceCoalescing::max_bytes`], and sends them as one request while it
-//! takes the next ones. Nothing lingers on a timer: the task lets the
-//! callers that are ready run once, then a lone call leaves at once, as a
-//! plain `Produce`, and calls that arrived meanwhile go together.
+//! takes the next ones. The task lets the callers that are ready run once
+//! and takes the calls that arrived meanwhile. To a node with no request of
+//! this client in flight they leave at once (a lone call as a plain
+//! `Produce`). To a busy node they wait up to [`ProduceCoalescing::linger`]
+//! (1 ms) for more: calls that trickle in behind a request in flight then
+//! cost the node one request, not one each, and an idle node's lone call
+//! waits for nothing.
 //! The server streams each produce's outcome back as soon as it is known,
 //! so a call never waits for another call's commit, and each caller gets
 //! its own answer and retries on its own (with its own idempotency
@@ -24,8 +28,9 @@
 //!   that status; as for a plain `Produce`, only calls with an idempotency
 //!   sequence retry it safely.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use floret_proto::v1::{self, floret_client::FloretClient, produce_outcome};
 use prost::Message as _;
@@ -43,6 +48,10 @@ pub struct ProduceCoalescing {
     pub max_produces: usize,
     /// Bytes (encoded) after which a request is closed; one larger call still goes alone.
     pub max_bytes: usize,
+    /// How long a request may wait for more calls while another request
+    /// to the same node is still in flight (a node with none in flight
+    /// gets its calls at once).
+    pub linger: Duration,
 }
 
 impl Default for ProduceCoalescing {
@@ -50,6 +59,7 @@ impl Default for ProduceCoalescing {
         Self {
             max_produces: 1_000,
             max_bytes: 4 * 1024 * 1024,
+            linger: Duration::from_millis(1),
         }
     }
 }
@@ -73,6 +83,8 @@ const MANY_UNIMPLEMENTED: u8 = 2;
 struct Target {
     node: FloretClient<Channel>,
     takes_many: Arc<AtomicU8>,
+    /// Requests sent to the node and not yet answered in full.
+    requests_in_flight: Arc<AtomicUsize>,
 }
 
 /// The produce calls bound for one node, and the task that sends them.
@@ -90,6 +102,7 @@ impl Coalescer {
             target: Target {
                 node,
                 takes_many: Arc::new(AtomicU8::new(MANY_UNKNOWN)),
+                requests_in_flight: Arc::default(),
             },
             limits,
             calls: OnceLock::new(),
@@ -122,17 +135,61 @@ async fn fold_calls(
         // Callers woken together (by the answers of one raft entry) send
         // their next calls together: let them queue before taking them.
         tokio::task::yield_now().await;
-        let mut bytes = first.request.encoded_len();
-        let mut calls = vec![first];
+        let mut request = Folding::new(first, limits);
         let alone = target.takes_many.load(Ordering::Relaxed) == MANY_UNIMPLEMENTED;
-        while !alone && calls.len() < limits.max_produces && bytes < limits.max_bytes {
+        while !alone && !request.full() {
             let Ok(next) = waiting.try_recv() else {
                 break;
             };
-            bytes += next.request.encoded_len();
-            calls.push(next);
+            request.add(next);
         }
-        tokio::spawn(send(target.clone(), calls));
+        let busy = target.requests_in_flight.load(Ordering::Acquire) > 0;
+        if !alone && busy && !request.full() {
+            let linger = tokio::time::sleep(limits.linger);
+            tokio::pin!(linger);
+            while !request.full() {
+                tokio::select! {
+                    () = &mut linger => break,
+                    next = waiting.recv() => match next {
+                        Some(next) => request.add(next),
+                        None => break,
+                    },
+                }
+            }
+        }
+        target.requests_in_flight.fetch_add(1, Ordering::AcqRel);
+        let target = target.clone();
+        tokio::spawn(async move {
+            let in_flight = target.requests_in_flight.clone();
+            send(target, request.calls).await;
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+/// The calls gathered for one request, up to the limits.
+struct Folding {
+    calls: Vec<Call>,
+    bytes: usize,
+    limits: ProduceCoalescing,
+}
+
+impl Folding {
+    fn new(first: Call, limits: ProduceCoalescing) -> Self {
+        Self {
+            bytes: first.request.encoded_len(),
+            calls: vec![first],
+            limits,
+        }
+    }
+
+    fn add(&mut self, call: Call) {
+        self.bytes += call.request.encoded_len();
+        self.calls.push(call);
+    }
+
+    fn full(&self) -> bool {
+        self.calls.len() >= self.limits.max_produces || self.bytes >= self.limits.max_bytes
     }
 }
 
