@@ -200,6 +200,13 @@ async fn send(target: Target, mut calls: Vec<Call>) {
         send_alone(target.node, calls.remove(0)).await;
         return;
     }
+    if target.takes_many.load(Ordering::Relaxed) == MANY_UNIMPLEMENTED {
+        // Learnt while these calls lingered: each goes alone.
+        for call in calls {
+            tokio::spawn(send_alone(target.node.clone(), call));
+        }
+        return;
+    }
     let mut node = target.node.clone();
     let (requests, answers): (Vec<_>, Vec<_>) = calls
         .into_iter()
