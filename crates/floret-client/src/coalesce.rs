@@ -200,7 +200,8 @@ async fn send(target: Target, mut calls: Vec<Call>) {
         send_alone(target.node, calls.remove(0)).await;
         return;
     }
-    if target.takes_many.load(Ordering::Relaxed) == MANY_UNIMPLEMENTED {
+    let takes_many = target.takes_many.load(Ordering::Relaxed);
+    if takes_many == MANY_UNIMPLEMENTED {
         // Learnt while these calls lingered: each goes alone.
         for call in calls {
             tokio::spawn(send_alone(target.node.clone(), call));
@@ -213,8 +214,7 @@ async fn send(target: Target, mut calls: Vec<Call>) {
         .map(|call| (call.request, Some(call.answer)))
         .unzip();
     let mut answers = answers;
-    let kept =
-        (target.takes_many.load(Ordering::Relaxed) == MANY_UNKNOWN).then(|| requests.clone());
+    let kept = (takes_many == MANY_UNKNOWN).then(|| requests.clone());
     let request = v1::ProduceManyRequest { produces: requests };
     let failure = match node.produce_many(request).await {
         Ok(response) => {

@@ -309,11 +309,11 @@ async fn run(
             continue;
         }
         metrics::histogram!("floret_entry_ops").record(entry.len() as f64);
-        in_flight.proposed();
-        let (raft, in_flight) = (raft.clone(), in_flight.clone());
+        let entry_in_flight = in_flight.proposed();
+        let raft = raft.clone();
         tokio::spawn(async move {
             commit(shard, raft, entry, commit_timeout, slot).await;
-            in_flight.done();
+            drop(entry_in_flight);
         });
     }
 }
@@ -331,13 +331,21 @@ impl EntriesInFlight {
         self.entries.load(Ordering::Acquire)
     }
 
-    fn proposed(&self) {
+    /// Counts one more entry until the returned guard is dropped (its
+    /// commit task ended, however it ended).
+    fn proposed(self: &Arc<Self>) -> EntryInFlight {
         self.entries.fetch_add(1, Ordering::AcqRel);
+        EntryInFlight(self.clone())
     }
+}
 
-    fn done(&self) {
-        self.entries.fetch_sub(1, Ordering::AcqRel);
-        self.one_done.notify_one();
+/// One entry counted in [`EntriesInFlight`] until dropped.
+struct EntryInFlight(Arc<EntriesInFlight>);
+
+impl Drop for EntryInFlight {
+    fn drop(&mut self) {
+        self.0.entries.fetch_sub(1, Ordering::AcqRel);
+        self.0.one_done.notify_one();
     }
 }
 
