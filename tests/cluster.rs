@@ -10,6 +10,7 @@ mod dev_cluster;
 mod gossip_blocked;
 mod harness;
 mod peer_port;
+mod tenants;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,7 +3,9 @@
 //! certificate naming `node-<id>.floret` (what its peers expect), plus
 //! `localhost`, `127.0.0.1`, `::1` and the `--name`s (what clients dial),
 //! usable as both server and client; a client certificate is made too, and
-//! the cluster's gossip secret (`gossip.key`, 32 random bytes in hex).
+//! the cluster's gossip secret (`gossip.key`, 32 random bytes in hex), and
+//! the key pair tenants' tokens are signed with (`token.key`, kept by
+//! whoever issues tokens; `token.pub`, every node's `--token-keys`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - It makes a new CA every time and never overwrites files: certificates
@@ -15,6 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use floret_server::auth::SigningKey;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
@@ -53,7 +56,7 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.days > 0, "--days must be at least 1");
     let written = write(&args.out, &nodes, &args.names, args.days)?;
     println!(
-        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key",
+        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key, token.key (signs tenants' tokens: `floret token create`; keep it offline) and token.pub (every node's --token-keys)",
         args.out.display()
     );
     Ok(())
@@ -189,7 +192,35 @@ fn make(
         contents: gossip_secret()?,
         secret: true,
     });
+    files.extend(token_key_files(
+        &SigningKey::generate().map_err(anyhow::Error::msg)?,
+    ));
     Ok(files)
+}
+
+/// The private and public halves of a token signing key.
+fn token_key_files(key: &SigningKey) -> [PemFile; 2] {
+    [
+        PemFile {
+            name: "token.key".into(),
+            contents: key.to_pem(),
+            secret: true,
+        },
+        PemFile {
+            name: "token.pub".into(),
+            contents: key.public_pem(),
+            secret: false,
+        },
+    ]
+}
+
+/// Writes `key` into `dir` as token.key and token.pub (neither may exist).
+pub fn write_token_keys(dir: &Path, key: &SigningKey) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for file in token_key_files(key) {
+        write_new(&dir.join(&file.name), &file.contents, file.secret)?;
+    }
+    Ok(())
 }
 
 /// Writes a new gossip secret into `dir` (for a set of certificates made
@@ -258,7 +289,9 @@ mod tests {
                 "node-4.key",
                 "client.pem",
                 "client.key",
-                "gossip.key"
+                "gossip.key",
+                "token.key",
+                "token.pub"
             ]
         );
         assert!(

@@ -1,7 +1,7 @@
 //! The `floret` binary: run a node (`serve`) or a local cluster (`dev`), and
 //! talk to one (`produce`, `consume`, `status`, `health`), govern its producers
-//! (`policy`, `dead-letters`), measure one (`bench`), or make a cluster's
-//! certificates (`certs`). Every command that talks to a cluster dials it
+//! (`policy`, `dead-letters`), measure one (`bench`), make a cluster's
+//! certificates (`certs`) or tenants' tokens (`token`). Every command that talks to a cluster dials it
 //! through [`dial`], over TLS when `--tls-ca` is given.
 
 mod bench;
@@ -14,6 +14,7 @@ mod policy;
 mod produce;
 mod serve;
 mod status;
+mod token;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -57,10 +58,16 @@ struct Cli {
     /// nodes over TLS and trust them by it; `serve` takes its peers by it.
     #[arg(long, global = true, env = "FLORET_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// The tenant's token (`floret token create`), sent on every call to a
+    /// cluster whose nodes have token keys.
+    #[arg(long, global = true, env = "FLORET_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// The CA this process's commands trust the nodes by: set once from `--tls-ca`.
 static CLUSTER_CA: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// The token this process's commands send: set once from `--token`.
+static TENANT_TOKEN: OnceLock<Option<String>> = OnceLock::new();
 
 /// A client of the nodes at `address` (one or several, comma-separated),
 /// over TLS when `--tls-ca` was given.
@@ -70,13 +77,14 @@ pub(crate) fn dial(address: &str) -> anyhow::Result<Client> {
         .and_then(Option::as_ref)
         .map(ClientTls::from_ca_file)
         .transpose()?;
-    Ok(Client::connect_lazy_with(address, tls.as_ref())?)
+    let token = TENANT_TOKEN.get().and_then(Option::as_deref);
+    Ok(Client::connect_lazy_as(address, tls.as_ref(), token)?)
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run a node.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a local cluster (three nodes by default) in this process.
     Dev(dev::DevArgs),
     /// Send messages: from arguments, from stdin lines, or a generated load.
@@ -95,6 +103,8 @@ enum Command {
     DeadLetters(dead_letters::DeadLetterArgs),
     /// Make a CA and certificates for a cluster's nodes and clients.
     Certs(certs::CertsArgs),
+    /// Make token signing keys, and sign tenants' tokens.
+    Token(token::TokenArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,12 +122,13 @@ fn main() -> anyhow::Result<()> {
         .init();
     floret_server::failpoints::configure_from_env();
     CLUSTER_CA.get_or_init(|| cli.tls_ca.clone());
+    TENANT_TOKEN.get_or_init(|| cli.token.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args, cli.tls_ca).await,
+            Command::Serve(args) => serve::run(*args, cli.tls_ca).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Produce(args) => produce::run(args).await,
             Command::Consume(args) => consume::run(args).await,
@@ -127,6 +138,7 @@ fn main() -> anyhow::Result<()> {
             Command::Policy(args) => policy::run(args).await,
             Command::DeadLetters(args) => dead_letters::run(args).await,
             Command::Certs(args) => certs::run(args),
+            Command::Token(args) => token::run(args),
         }
     })
 }

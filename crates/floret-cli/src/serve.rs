@@ -67,8 +67,14 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long)]
     tls_key: Option<PathBuf>,
-    /// Serve plaintext on an address other than loopback (only on a network
-    /// that the cluster and its clients alone can reach).
+    /// Public keys tenants' tokens are signed with (`floret certs` writes
+    /// token.pub; comma-separated, two at once while a key is rotated).
+    /// With them every Floret and Admin call needs a token.
+    #[arg(long, value_delimiter = ',')]
+    token_keys: Vec<PathBuf>,
+    /// Serve plaintext, or without token keys, on an address other than
+    /// loopback (only on a network that the cluster and its clients alone
+    /// can reach).
     #[arg(long)]
     insecure: bool,
 }
@@ -125,6 +131,9 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
     }
     if let Some(ca) = tls_ca {
         config.tls.ca = Some(ca);
+    }
+    if !args.token_keys.is_empty() {
+        config.auth.token_keys = args.token_keys;
     }
     if args.insecure {
         config.insecure = true;

@@ -32,11 +32,11 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::Transport;
 use floret_proto::v1::{self, floret_client::FloretClient, produce_outcome};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::retry::RETRY_AFTER_MS;
@@ -81,7 +81,7 @@ const MANY_UNIMPLEMENTED: u8 = 2;
 /// The node a coalescer sends to, and whether it takes `ProduceMany`.
 #[derive(Clone)]
 struct Target {
-    node: FloretClient<Channel>,
+    node: FloretClient<Transport>,
     takes_many: Arc<AtomicU8>,
     /// Requests sent to the node and not yet answered in full.
     requests_in_flight: Arc<AtomicUsize>,
@@ -97,7 +97,7 @@ pub(crate) struct Coalescer {
 
 impl Coalescer {
     /// Calls to `node`, folded under `limits`.
-    pub(crate) fn new(node: FloretClient<Channel>, limits: ProduceCoalescing) -> Self {
+    pub(crate) fn new(node: FloretClient<Transport>, limits: ProduceCoalescing) -> Self {
         Self {
             target: Target {
                 node,
@@ -245,7 +245,7 @@ async fn send(target: Target, mut calls: Vec<Call>) {
 }
 
 /// Sends one call as a plain `Produce`.
-async fn send_alone(mut node: FloretClient<Channel>, Call { request, answer }: Call) {
+async fn send_alone(mut node: FloretClient<Transport>, Call { request, answer }: Call) {
     let result = node.produce(request).await.map(tonic::Response::into_inner);
     let _caller_gone = answer.send(result);
 }

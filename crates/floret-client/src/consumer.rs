@@ -21,12 +21,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::Transport;
 use floret_proto::v1::floret_client::FloretClient;
 use floret_proto::v1::{self, consume_request, consume_response};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Channel;
 
 use crate::ClientError;
 
@@ -54,7 +54,7 @@ pub enum ConsumerEvent {
 
 /// A node a consumer may subscribe through: its address as given, and a
 /// client of it alone.
-pub(crate) type ConsumeNode = (String, FloretClient<Channel>);
+pub(crate) type ConsumeNode = (String, FloretClient<Transport>);
 
 /// An open consume stream on one queue.
 pub struct Consumer {
@@ -250,7 +250,7 @@ impl Consumer {
 
 /// Opens a consume stream of `queue` through `client` with `credits`.
 async fn subscribe(
-    client: &FloretClient<Channel>,
+    client: &FloretClient<Transport>,
     queue: &str,
     credits: u32,
 ) -> Result<

@@ -39,6 +39,9 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_proto::v1;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::coalesce::Coalescer;
@@ -79,6 +82,9 @@ pub enum ClientError {
     /// The TLS settings cannot be used.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The token cannot be sent as gRPC metadata (it must be printable ASCII).
+    #[error("the token is not printable ASCII: give it as `floret token create` printed it")]
+    InvalidToken,
 }
 
 /// How to trust a cluster whose client port serves TLS: its CA.
@@ -124,11 +130,11 @@ impl ClientTls {
 /// A connection to one floret node.
 #[derive(Clone)]
 pub struct Client {
-    floret: v1::floret_client::FloretClient<Channel>,
+    floret: v1::floret_client::FloretClient<Transport>,
     /// Produce calls through any node, folded together.
     produces: Arc<Coalescer>,
-    admin: v1::admin_client::AdminClient<Channel>,
-    health: tonic_health::pb::health_client::HealthClient<Channel>,
+    admin: v1::admin_client::AdminClient<Transport>,
+    health: tonic_health::pb::health_client::HealthClient<Transport>,
     retry: RetryPolicy,
     /// Leaders of producers, when the client was given several nodes.
     routes: Option<Arc<Routes>>,
@@ -151,6 +157,18 @@ impl Client {
 
     /// [`Client::connect_lazy`] over TLS when `tls` is given.
     pub fn connect_lazy_with(address: &str, tls: Option<&ClientTls>) -> Result<Self, ClientError> {
+        Self::connect_lazy_as(address, tls, None)
+    }
+
+    /// [`Client::connect_lazy_with`], sending `token` (from `floret token
+    /// create`) as `authorization: Bearer <token>` on every call: what a
+    /// node with token keys needs to know the tenant.
+    pub fn connect_lazy_as(
+        address: &str,
+        tls: Option<&ClientTls>,
+        token: Option<&str>,
+    ) -> Result<Self, ClientError> {
+        let bearer = Bearer::new(token)?;
         let nodes: Vec<&str> = address
             .split(',')
             .map(str::trim)
@@ -171,7 +189,7 @@ impl Client {
                 let channel = one.connect_lazy();
                 let node = (
                     host_port(nodes[0]).to_owned(),
-                    floret_client(channel.clone()),
+                    floret_client(channel.clone(), &bearer),
                 );
                 (channel, None, vec![node])
             }
@@ -180,7 +198,7 @@ impl Client {
                     .iter()
                     .zip(&endpoints)
                     .map(|(node, endpoint)| {
-                        let client = floret_client(endpoint.connect_lazy());
+                        let client = floret_client(endpoint.connect_lazy(), &bearer);
                         (host_port(node).to_owned(), client)
                     })
                     .collect();
@@ -192,12 +210,14 @@ impl Client {
                 )
             }
         };
-        let floret = floret_client(channel.clone());
+        let floret = floret_client(channel.clone(), &bearer);
         Ok(Self {
             produces: Arc::new(Coalescer::new(floret.clone(), ProduceCoalescing::default())),
             floret,
-            admin: v1::admin_client::AdminClient::new(channel.clone()),
-            health: tonic_health::pb::health_client::HealthClient::new(channel),
+            admin: v1::admin_client::AdminClient::with_interceptor(channel.clone(), bearer.clone()),
+            health: tonic_health::pb::health_client::HealthClient::with_interceptor(
+                channel, bearer,
+            ),
             retry: RetryPolicy::default(),
             routes,
             consume_nodes: Arc::new(consume_nodes),
@@ -345,8 +365,44 @@ impl Client {
     }
 }
 
-fn floret_client(channel: Channel) -> v1::floret_client::FloretClient<Channel> {
-    v1::floret_client::FloretClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES)
+fn floret_client(channel: Channel, bearer: &Bearer) -> v1::floret_client::FloretClient<Transport> {
+    v1::floret_client::FloretClient::with_interceptor(channel, bearer.clone())
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
+/// What every call of a client goes over: a node's channel, with the
+/// client's bearer token added to each call.
+pub(crate) type Transport = InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer <token>` to every call, when the client has a token.
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    fn new(token: Option<&str>) -> Result<Self, ClientError> {
+        token
+            .map(|token| {
+                format!("Bearer {}", token.trim())
+                    .parse()
+                    .map_err(|_| ClientError::InvalidToken)
+            })
+            .transpose()
+            .map(Self)
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// The endpoint of one node, connecting with a timeout and Nagle off,

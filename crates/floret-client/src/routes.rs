@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::Transport;
 use floret_proto::v1::floret_client::FloretClient;
-use tonic::transport::Channel;
 
 use crate::coalesce::{Coalescer, ProduceCoalescing};
 
@@ -37,7 +37,7 @@ struct Node {
     /// Its `host:port`.
     address: String,
     /// A client connected to it alone.
-    client: FloretClient<Channel>,
+    client: FloretClient<Transport>,
     /// The produce calls bound for it.
     produces: Arc<Coalescer>,
 }
@@ -58,7 +58,7 @@ impl Routes {
     /// Routes over `nodes` (`host:port` and a client of that node alone),
     /// folding concurrent produces to each under `coalescing`.
     pub(crate) fn new(
-        nodes: Vec<(String, FloretClient<Channel>)>,
+        nodes: Vec<(String, FloretClient<Transport>)>,
         coalescing: ProduceCoalescing,
     ) -> Self {
         let nodes = nodes
@@ -151,7 +151,11 @@ mod tests {
                 let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
                     .expect("valid address")
                     .connect_lazy();
-                ((*address).to_owned(), FloretClient::new(channel))
+                let bearer = crate::Bearer::new(None).expect("no token");
+                (
+                    (*address).to_owned(),
+                    FloretClient::with_interceptor(channel, bearer),
+                )
             })
             .collect();
         Routes::new(nodes, ProduceCoalescing::default())

@@ -92,6 +92,9 @@ pub enum RequestError {
         /// Which deliveries, and why.
         message: String,
     },
+    /// The caller's tenant may not do this (PERMISSION_DENIED).
+    #[error("{0}")]
+    Denied(String),
     /// A bug: an answer that cannot happen.
     #[error("{0}")]
     Internal(String),
@@ -106,7 +109,11 @@ impl RequestError {
             Self::Relayed { retry_after, .. } | Self::Unavailable { retry_after, .. } => {
                 *retry_after
             }
-            Self::Invalid(_) | Self::Stale(_) | Self::NotSettled { .. } | Self::Internal(_) => None,
+            Self::Invalid(_)
+            | Self::Stale(_)
+            | Self::NotSettled { .. }
+            | Self::Denied(_)
+            | Self::Internal(_) => None,
         }
     }
 

@@ -27,6 +27,7 @@
 //! Messages may be delayed (held back at dispatch without blocking others),
 //! and producers that stay idle have their counters forgotten ([`idle`]).
 
+pub mod auth;
 pub mod config;
 #[cfg(test)]
 mod decode_properties;

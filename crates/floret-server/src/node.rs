@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::auth::Authenticate;
 use crate::config::Config;
 use crate::deliver::{self, DispatcherHandle};
 use crate::disk_room::DiskRoom;
@@ -82,6 +83,9 @@ pub enum NodeError {
     /// The gossip secret is missing or too short.
     #[error("{0}")]
     GossipSecret(String),
+    /// A token key file cannot be read or is not a public key.
+    #[error("{0}")]
+    TokenKeys(String),
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
@@ -141,6 +145,9 @@ impl Node {
             .map(TcpListener::local_addr)
             .transpose()
             .map_err(NodeError::Listener)?;
+        let authenticate = crate::auth::Authenticate::new(
+            crate::auth::load_verifier(&config.auth.token_keys).map_err(NodeError::TokenKeys)?,
+        );
         let database = Database::open_with(
             &config.data_dir,
             floret_store::StoreOptions {
@@ -213,7 +220,7 @@ impl Node {
             disk,
         };
         let server = Server::start(
-            parts.services(stopped.clone()),
+            parts.services(stopped.clone(), authenticate),
             listeners,
             tls.as_ref(),
             stopped,
@@ -363,7 +370,7 @@ struct NodeParts<'a> {
 
 impl NodeParts<'_> {
     /// The Floret, Admin and Peer services over this node's parts.
-    fn services(self, stopped: watch::Receiver<bool>) -> Services {
+    fn services(self, stopped: watch::Receiver<bool>, authenticate: Authenticate) -> Services {
         let (config, shards, proposers) = (self.config, self.shards, self.proposers);
         let router = ShardRouter::new(shards.clone(), proposers.clone());
         let settler = Settler::new(
@@ -418,6 +425,7 @@ impl NodeParts<'_> {
             max_request_bytes: config.limits.max_request_bytes,
             members: shards.peers().node_ids(),
             max_client_connections: config.limits.max_connections,
+            authenticate,
         }
     }
 }

@@ -56,6 +56,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// TLS on the client port and mutual TLS on the peer port.
     pub tls: TlsSettings,
+    /// Bearer tokens on the client port.
+    pub auth: AuthSettings,
     /// Serve plaintext on an address other than loopback: anyone who
     /// reaches it could read messages and, on the peer port, rewrite raft
     /// state. Refused without this, so only a deliberate choice does it.
@@ -101,6 +103,7 @@ impl Default for Config {
             replication_factor: 3,
             metrics_listen: None,
             tls: TlsSettings::default(),
+            auth: AuthSettings::default(),
             insecure: false,
             storage: StorageConfig::default(),
             limits: Limits::default(),
@@ -242,6 +245,14 @@ impl Config {
         }
         if let Some(ca) = parse::<PathBuf>(&env, "FLORET_TLS_CA")? {
             self.tls.ca = Some(ca);
+        }
+        if let Some(keys) = env("FLORET_TOKEN_KEYS") {
+            self.auth.token_keys = keys
+                .split(',')
+                .map(str::trim)
+                .filter(|path| !path.is_empty())
+                .map(PathBuf::from)
+                .collect();
         }
         if let Some(insecure) = parse(&env, "FLORET_INSECURE")? {
             self.insecure = insecure;

@@ -30,6 +30,26 @@ impl TlsSettings {
     }
 }
 
+/// Who may call the client port. With token keys, every Floret and Admin
+/// call must carry a bearer token signed by one of them (`floret token
+/// create`); without, every call is the one anonymous tenant, which may do
+/// everything (loopback only, unless `insecure`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Public keys (Ed25519 `PUBLIC KEY` PEM files; `floret certs` writes
+    /// token.pub) that tokens may be signed with. Two at once let a new key
+    /// be rolled out before the old one is retired.
+    pub token_keys: Vec<PathBuf>,
+}
+
+impl AuthSettings {
+    /// Whether calls need tokens.
+    pub fn enabled(&self) -> bool {
+        !self.token_keys.is_empty()
+    }
+}
+
 /// How the node gossips its load (clusters of more than one node only).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -189,6 +189,7 @@ fn plaintext_off_loopback_needs_insecure_and_tls_needs_its_pieces() {
             key: Some("node.key".into()),
             ca: None,
         },
+        auth: with_token_keys(),
         ..everywhere.clone()
     };
     with_tls.validate().unwrap();
@@ -213,6 +214,50 @@ fn plaintext_off_loopback_needs_insecure_and_tls_needs_its_pieces() {
     assert!(exposed_peer_port.validate().is_err());
 }
 
+fn with_token_keys() -> AuthSettings {
+    AuthSettings {
+        token_keys: vec!["token.pub".into()],
+    }
+}
+
+#[test]
+fn client_port_off_loopback_lets_anyone_act_as_any_tenant() {
+    let tls = TlsSettings {
+        cert: Some("node.pem".into()),
+        key: Some("node.key".into()),
+        ca: None,
+    };
+    let without_keys = Config {
+        listen: "0.0.0.0:7701".parse().unwrap(),
+        tls,
+        ..Config::default()
+    };
+    let error = without_keys.validate().unwrap_err().to_string();
+    assert!(error.contains("token keys"), "{error}");
+    Config {
+        auth: with_token_keys(),
+        ..without_keys.clone()
+    }
+    .validate()
+    .unwrap();
+    Config {
+        insecure: true,
+        ..without_keys
+    }
+    .validate()
+    .unwrap();
+    let loopback = Config::default();
+    loopback.validate().unwrap();
+    let from_env = Config::load(None, |name| {
+        (name == "FLORET_TOKEN_KEYS").then(|| "a.pub, b.pub".to_owned())
+    })
+    .unwrap();
+    assert_eq!(
+        from_env.auth.token_keys,
+        vec![PathBuf::from("a.pub"), PathBuf::from("b.pub")]
+    );
+}
+
 #[test]
 fn cluster_gossiping_off_loopback_needs_a_secret() {
     let tls = TlsSettings {
@@ -224,6 +269,7 @@ fn cluster_gossiping_off_loopback_needs_a_secret() {
         listen: "0.0.0.0:7701".parse().unwrap(),
         peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
         tls,
+        auth: with_token_keys(),
         ..Config::default()
     };
     let error = unsealed.validate().unwrap_err();

@@ -118,6 +118,12 @@ impl Config {
                 "refusing to gossip on {gossip_ip} without a secret: anyone who can send it UDP could rewrite this node's view of the cluster. Give gossip.secret_file (`floret certs` writes gossip.key) or FLORET_GOSSIP_SECRET, or --insecure on a network only the cluster can reach"
             ));
         }
+        if !self.auth.enabled() && !self.listen.ip().is_loopback() {
+            return Err(format!(
+                "refusing to serve the client port on {} without token keys: anyone who reaches it could produce as any tenant, consume any queue and change policies. Give auth.token_keys (--token-keys, FLORET_TOKEN_KEYS; `floret certs` writes token.pub), or --insecure on a network only trusted clients can reach",
+                self.listen.ip()
+            ));
+        }
         if tls.enabled() {
             return Ok(());
         }

@@ -17,7 +17,9 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
+use crate::auth::{Caller, Role};
 use crate::deliver::{SettleCode, SettleKind};
+use crate::delivery_id::DeliveryId;
 use crate::error::RequestError;
 use crate::produce::{ProduceAnswer, ProducePipeline};
 use crate::request::{self, InvalidRequest};
@@ -80,7 +82,10 @@ impl v1::floret_server::Floret for FloretService {
         request: Request<v1::ProduceRequest>,
     ) -> Result<Response<v1::ProduceResponse>, Status> {
         let now_ms = now_unix_ms();
-        let batch = self.produce.parse(request.into_inner(), now_ms)?;
+        let caller = Caller::of(&request);
+        let mut produce = request.into_inner();
+        admit_caller(&caller, &mut produce)?;
+        let batch = self.produce.parse(produce, now_ms)?;
         let answer = self.produce.produce(batch, false, now_ms).await?;
         Ok(Response::new(produce_response(answer)))
     }
@@ -92,6 +97,7 @@ impl v1::floret_server::Floret for FloretService {
         request: Request<v1::ProduceManyRequest>,
     ) -> Result<Response<Self::ProduceManyStream>, Status> {
         let now_ms = now_unix_ms();
+        let caller = Caller::of(&request);
         let produces = request.into_inner().produces;
         if produces.is_empty() {
             return Err(
@@ -107,8 +113,10 @@ impl v1::floret_server::Floret for FloretService {
         }
         let mut refused = Vec::new();
         let pending = FuturesUnordered::new();
-        for (index, produce) in produces.into_iter().enumerate() {
-            match self.produce.parse(produce, now_ms) {
+        for (index, mut produce) in produces.into_iter().enumerate() {
+            let admitted = admit_caller(&caller, &mut produce)
+                .and_then(|()| self.produce.parse(produce, now_ms));
+            match admitted {
                 Ok(batch) => {
                     let pipeline = self.produce.clone();
                     pending.push(async move {
@@ -132,8 +140,13 @@ impl v1::floret_server::Floret for FloretService {
         &self,
         request: Request<Streaming<v1::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let caller = Caller::of(&request);
         let mut inbound = request.into_inner();
         let (queue, credits) = read_subscribe(&mut inbound).await?;
+        caller.require(Role::Consume, &queue).map_err(|denied| {
+            denied.audit(&caller, "Consume");
+            Status::from(denied)
+        })?;
         let (outbound, responses) = fan_in::channel();
         fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
         Ok(Response::new(responses))
@@ -143,7 +156,18 @@ impl v1::floret_server::Floret for FloretService {
         &self,
         request: Request<v1::AckRequest>,
     ) -> Result<Response<v1::AckResponse>, Status> {
+        let caller = Caller::of(&request);
         let ids = request.into_inner().delivery_ids;
+        for id in &ids {
+            if let Ok(delivery) = id.parse::<DeliveryId>() {
+                caller
+                    .require(Role::Consume, &delivery.queue)
+                    .map_err(|denied| {
+                        denied.audit(&caller, "Ack");
+                        Status::from(denied)
+                    })?;
+            }
+        }
         if ids.is_empty() {
             return Err(InvalidRequest::Malformed("an ack needs at least one delivery_id").into());
         }
@@ -174,6 +198,20 @@ impl v1::floret_server::Floret for FloretService {
             outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
         }))
     }
+}
+
+/// Checks that `caller` may produce into the produce's queue, and names
+/// its producer in the caller's namespace (`tenant/producer`).
+fn admit_caller(caller: &Caller, produce: &mut v1::ProduceRequest) -> Result<(), RequestError> {
+    let queue = request::queue_name(&produce.queue)?;
+    caller.require(Role::Produce, &queue).map_err(|denied| {
+        denied.audit(caller, "Produce");
+        RequestError::Denied(denied.message)
+    })?;
+    if !produce.producer_id.is_empty() {
+        produce.producer_id = caller.producer_id(&produce.producer_id);
+    }
+    Ok(())
 }
 
 /// Reads the subscribe that must open a consume stream, within

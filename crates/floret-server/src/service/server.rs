@@ -33,6 +33,7 @@ use super::connections::cap;
 use super::floret::FloretService;
 use super::peer::PeerService;
 use super::peer_identity::identify_members;
+use crate::auth::Authenticate;
 use crate::tls::NodeTls;
 
 /// HTTP/2 pings on idle connections, so dead peers are noticed.
@@ -59,6 +60,8 @@ pub struct Services {
     pub members: Vec<floret_store::NodeId>,
     /// Connections open at once on the client port.
     pub max_client_connections: usize,
+    /// Names the tenant of every Floret and Admin call.
+    pub authenticate: Authenticate,
 }
 
 /// A server that cannot be set up.
@@ -118,8 +121,11 @@ impl Server {
         let client_port = builder("client", client_tls)?
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(floret)
-            .add_service(admin)
+            .add_service(InterceptedService::new(
+                floret,
+                services.authenticate.clone(),
+            ))
+            .add_service(InterceptedService::new(admin, services.authenticate))
             .serve_with_incoming_shutdown(
                 cap(
                     incoming(listeners.client),

@@ -45,6 +45,7 @@ fn code_of(error: &RequestError) -> Code {
         | RequestError::Unavailable { .. } => Code::Unavailable,
         RequestError::Relayed { grpc_code, .. } => Code::from_i32(*grpc_code),
         RequestError::NotSettled { code, .. } => convert::settle_code(*code),
+        RequestError::Denied(_) => Code::PermissionDenied,
         RequestError::Internal(_) => Code::Internal,
     }
 }

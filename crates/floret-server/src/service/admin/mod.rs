@@ -30,6 +30,7 @@ use floret_store::NodeId;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Caller, audit_admin_action};
 use crate::deliver::DispatcherHandle;
 use crate::error::RequestError;
 use crate::faults::NodeFault;
@@ -81,8 +82,9 @@ impl AdminService {
 impl v1::admin_server::Admin for AdminService {
     async fn cluster_status(
         &self,
-        _request: Request<v1::ClusterStatusRequest>,
+        request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        admin_only(&request, "ClusterStatus")?;
         let local = self.local_view();
         let mut views = self
             .ask_peers(|mut client| async move {
@@ -99,13 +101,33 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::QueueStatsRequest>,
     ) -> Result<Response<v1::QueueStatsResponse>, Status> {
+        let caller = Caller::of(&request);
+        if request.get_ref().queue.is_empty() {
+            admin_only(&request, "QueueStats of every queue")?;
+        }
         let request = request.into_inner();
         let wanted = (!request.queue.is_empty())
             .then(|| request::queue_name(&request.queue))
             .transpose()?;
+        if let Some(queue) = &wanted {
+            caller.require_any(queue).map_err(|denied| {
+                denied.audit(&caller, "QueueStats");
+                Status::from(denied)
+            })?;
+        }
+        let own_only = |mut stats: v1::QueueStatsResponse| {
+            if !caller.is_admin() {
+                for queue in &mut stats.queues {
+                    queue
+                        .producers
+                        .retain(|producer| caller.owns_producer(&producer.producer_id));
+                }
+            }
+            stats
+        };
         let local = self.local_stats(wanted).await?;
         if self.shards.peers().others().next().is_none() {
-            return Ok(Response::new(local));
+            return Ok(Response::new(own_only(local)));
         }
         let queue = request.queue;
         let mut answers: Vec<v1::QueueStatsResponse> = self
@@ -122,13 +144,14 @@ impl v1::admin_server::Admin for AdminService {
             .filter_map(Result::ok)
             .collect();
         answers.push(local);
-        Ok(Response::new(merge_queue_stats(answers)))
+        Ok(Response::new(own_only(merge_queue_stats(answers))))
     }
 
     async fn replica_digests(
         &self,
-        _request: Request<v1::ReplicaDigestsRequest>,
+        request: Request<v1::ReplicaDigestsRequest>,
     ) -> Result<Response<v1::ReplicaDigestsResponse>, Status> {
+        admin_only(&request, "ReplicaDigests")?;
         let shards = self.shards.clone();
         let replicas = tokio::task::spawn_blocking(move || replica_digests(&shards))
             .await
@@ -142,13 +165,24 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::SetPolicyRequest>,
     ) -> Result<Response<v1::SetPolicyResponse>, Status> {
-        self.set_policy_in_shards(request.into_inner()).await
+        let caller = admin_only(&request, "SetPolicy")?;
+        let request = request.into_inner();
+        audit_admin_action(
+            &caller,
+            "SetPolicy",
+            &format!(
+                "queue {:?} producer {:?}",
+                request.queue, request.producer_id
+            ),
+        );
+        self.set_policy_in_shards(request).await
     }
 
     async fn get_policy(
         &self,
         request: Request<v1::GetPolicyRequest>,
     ) -> Result<Response<v1::GetPolicyResponse>, Status> {
+        admin_only(&request, "GetPolicy")?;
         self.get_policy_from_a_replica(request.into_inner()).await
     }
 
@@ -156,6 +190,7 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::ListDeadLettersRequest>,
     ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
+        admin_only(&request, "ListDeadLetters")?;
         self.list_dead_letters_everywhere(request.into_inner())
             .await
     }
@@ -164,15 +199,40 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::DeadLetterIds>,
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
-        self.change_dead_letters(request.into_inner(), true).await
+        let caller = admin_only(&request, "ReplayDeadLetters")?;
+        let request = request.into_inner();
+        audit_admin_action(
+            &caller,
+            "ReplayDeadLetters",
+            &format!("queue {:?}, {} ids", request.queue, request.ids.len()),
+        );
+        self.change_dead_letters(request, true).await
     }
 
     async fn delete_dead_letters(
         &self,
         request: Request<v1::DeadLetterIds>,
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
-        self.change_dead_letters(request.into_inner(), false).await
+        let caller = admin_only(&request, "DeleteDeadLetters")?;
+        let request = request.into_inner();
+        audit_admin_action(
+            &caller,
+            "DeleteDeadLetters",
+            &format!("queue {:?}, {} ids", request.queue, request.ids.len()),
+        );
+        self.change_dead_letters(request, false).await
     }
+}
+
+/// The caller of `request` if it is an administrator; PERMISSION_DENIED
+/// (logged and counted) otherwise.
+fn admin_only<T>(request: &Request<T>, method: &str) -> Result<Caller, Status> {
+    let caller = Caller::of(request);
+    caller.require_admin(method).map_err(|denied| {
+        denied.audit(&caller, method);
+        Status::from(denied)
+    })?;
+    Ok(caller)
 }
 
 /// Applied index and state digest of every shard replica this node holds.

@@ -19,6 +19,7 @@ use super::{
     CreditChange, FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources,
 };
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::delivery_id::DeliveryId;
 use crate::request::{self, InvalidRequest};
 use crate::service::convert;
 use crate::service::credit_split::CreditSplit;
@@ -318,12 +319,34 @@ impl Merge {
                 InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
             );
         }
+        let (own, foreign): (Vec<String>, Vec<String>) =
+            settle.delivery_ids.into_iter().partition(|id| {
+                id.parse::<DeliveryId>()
+                    .map_or(true, |delivery| delivery.queue == self.queue)
+            });
+        let refused: Vec<v1::SettleOutcome> = foreign
+            .into_iter()
+            .map(|delivery_id| v1::SettleOutcome {
+                message: format!(
+                    "delivery {delivery_id} is not of queue {:?}, which this stream consumes: settle it on its own queue's stream",
+                    self.queue
+                ),
+                delivery_id,
+                code: tonic::Code::PermissionDenied as i32,
+            })
+            .collect();
         let (settler, outbound) = (settler.clone(), self.outbound.clone());
         tokio::spawn(async move {
-            if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
+            let mut outcomes = refused;
+            if !own.is_empty()
+                && let Ok(settled) = settler.settle(kind, own).await
+            {
+                outcomes.extend(settled.into_iter().map(convert::settle_outcome));
+            }
+            if !outcomes.is_empty() {
                 let _consumer_gone = outbound.send(Ok(v1::ConsumeResponse {
                     response: Some(consume_response::Response::Settled(v1::SettleResult {
-                        outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
+                        outcomes,
                     })),
                 }));
             }

@@ -1,0 +1,412 @@
+//! Who is calling, and what they may do: the tenant behind each call on the
+//! client port, its roles and queues, and the checks every service makes
+//! before it acts.
+//!
+//! With token keys configured (`auth.token_keys`), every Floret and Admin
+//! call must carry `authorization: Bearer <token>` ([`token`]); the
+//! [`Authenticate`] interceptor verifies it and leaves a [`Caller`] in the
+//! request's extensions. Without keys (development mode, loopback only
+//! unless `--insecure`) every call is the anonymous tenant, which may do
+//! everything. Health and reflection need no token.
+//!
+//! A tenant's producers live in its own namespace: the node stores and
+//! shows tenant `acme`'s producer `p1` as `acme/p1` ([`Caller::producer_id`]),
+//! so no tenant can produce as another's producer. Refusals are logged
+//! under the tracing target `audit` and counted in
+//! `floret_auth_refusals_total{reason}`.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - An ack names its delivery by id; any tenant with the consume role on
+//!   the queue and the id can settle it. Tying a delivery to the stream or
+//!   tenant it went to is not done yet.
+//! - Fairness is still per producer, not per tenant.
+
+pub mod token;
+
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Status};
+
+pub use token::{SigningKey, TokenClaims, TokenRefusal, TokenVerifier, VerifyKey};
+
+/// Longest tenant name.
+pub const MAX_TENANT_BYTES: usize = 64;
+/// What separates a tenant from its producer in a stored producer id.
+pub const TENANT_SEPARATOR: char = '/';
+
+/// What a tenant may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Produce into its queues.
+    Produce,
+    /// Consume, ack and nack its queues, and read their statistics.
+    Consume,
+    /// Everything, on every queue: policies, dead letters, cluster status.
+    Admin,
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "produce" => Ok(Self::Produce),
+            "consume" => Ok(Self::Consume),
+            "admin" => Ok(Self::Admin),
+            other => Err(format!(
+                "unknown role {other:?}: use produce, consume or admin"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            Self::Produce => "produce",
+            Self::Consume => "consume",
+            Self::Admin => "admin",
+        })
+    }
+}
+
+/// A tenant's name: 1..=64 ASCII letters, digits, `.`, `_` or `-`.
+pub struct TenantName;
+
+impl TenantName {
+    /// Checks `name`.
+    pub fn parse(name: &str) -> Result<&str, String> {
+        if name.is_empty() || name.len() > MAX_TENANT_BYTES {
+            return Err(format!(
+                "tenant name must be 1 to {MAX_TENANT_BYTES} bytes, not {}",
+                name.len()
+            ));
+        }
+        match name
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            Some(bad) => Err(format!(
+                "tenant name {name:?} has {bad:?}: use ASCII letters, digits, '.', '_' or '-'"
+            )),
+            None => Ok(name),
+        }
+    }
+}
+
+/// A queue name pattern: `*` matches any run of characters (none included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuePattern(String);
+
+impl QueuePattern {
+    /// Checks `pattern`: the characters of a queue name, and `*`.
+    pub fn parse(pattern: &str) -> Result<Self, String> {
+        if pattern.is_empty() || pattern.len() > 2 * crate::request::MAX_QUEUE_NAME_BYTES {
+            return Err(format!("queue pattern {pattern:?} is empty or too long"));
+        }
+        match pattern
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '*')))
+        {
+            Some(bad) => Err(format!(
+                "queue pattern {pattern:?} has {bad:?}: use a queue name's characters and '*'"
+            )),
+            None => Ok(Self(pattern.to_owned())),
+        }
+    }
+
+    /// Whether `queue` matches.
+    pub fn matches(&self, queue: &str) -> bool {
+        glob_matches(self.0.as_bytes(), queue.as_bytes())
+    }
+}
+
+/// `*`-only glob matching, linear in practice: on a mismatch it retries
+/// from just after the last `*` with one more character swallowed.
+fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut last_star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            last_star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((star, swallowed)) = last_star {
+            p = star + 1;
+            t = swallowed + 1;
+            last_star = Some((star, swallowed + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// The tenant behind a call, and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// None: the anonymous tenant of a node without token keys.
+    tenant: Option<String>,
+    roles: Vec<Role>,
+    queues: Vec<QueuePattern>,
+}
+
+impl Caller {
+    /// The one tenant of a node without token keys: every role, every queue,
+    /// producer ids as given.
+    pub fn anonymous() -> Self {
+        Self {
+            tenant: None,
+            roles: vec![Role::Admin],
+            queues: Vec::new(),
+        }
+    }
+
+    /// The tenant a verified token names.
+    pub fn from_claims(claims: TokenClaims) -> Result<Self, String> {
+        let queues = claims
+            .queues
+            .iter()
+            .map(|pattern| QueuePattern::parse(pattern))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            tenant: Some(TenantName::parse(&claims.tenant)?.to_owned()),
+            roles: claims.roles,
+            queues,
+        })
+    }
+
+    /// The tenant's name, for logs (`-` when anonymous).
+    pub fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or("-")
+    }
+
+    /// Whether the caller is an administrator.
+    pub fn is_admin(&self) -> bool {
+        self.roles.contains(&Role::Admin)
+    }
+
+    /// Passes if the caller holds `role` (or admin) on `queue`.
+    pub fn require(&self, role: Role, queue: &str) -> Result<(), Denied> {
+        if self.is_admin() {
+            return Ok(());
+        }
+        if !self.roles.contains(&role) {
+            return Err(Denied::new(
+                "role",
+                format!(
+                    "tenant {} lacks the {role} role this call needs",
+                    self.tenant()
+                ),
+            ));
+        }
+        if !self.queues.iter().any(|pattern| pattern.matches(queue)) {
+            return Err(Denied::new(
+                "queue",
+                format!(
+                    "tenant {} may not use queue {queue:?}: its token's queue patterns do not match it",
+                    self.tenant()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Passes if the caller may produce into or consume `queue` (for
+    /// reading its statistics).
+    pub fn require_any(&self, queue: &str) -> Result<(), Denied> {
+        self.require(Role::Consume, queue)
+            .or_else(|_| self.require(Role::Produce, queue))
+    }
+
+    /// Passes if the caller is an administrator.
+    pub fn require_admin(&self, action: &str) -> Result<(), Denied> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(Denied::new(
+                "admin",
+                format!(
+                    "{action} needs the admin role; tenant {} does not have it",
+                    self.tenant()
+                ),
+            ))
+        }
+    }
+
+    /// The stored id of the caller's producer `producer`: `tenant/producer`,
+    /// or `producer` itself for the anonymous tenant.
+    pub fn producer_id(&self, producer: &str) -> String {
+        match &self.tenant {
+            Some(tenant) => format!("{tenant}{TENANT_SEPARATOR}{producer}"),
+            None => producer.to_owned(),
+        }
+    }
+
+    /// Whether a stored producer id is one of the caller's producers.
+    pub fn owns_producer(&self, producer_id: &str) -> bool {
+        match &self.tenant {
+            None => true,
+            Some(tenant) => producer_id
+                .strip_prefix(tenant.as_str())
+                .is_some_and(|rest| rest.starts_with(TENANT_SEPARATOR)),
+        }
+    }
+
+    /// The caller of `request`, as [`Authenticate`] left it; anonymous for
+    /// requests that never went through it (in-process tests).
+    pub fn of<T>(request: &Request<T>) -> Self {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_else(Self::anonymous)
+    }
+}
+
+/// A call the caller is not allowed to make: PERMISSION_DENIED.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Denied {
+    /// Which check refused it (the metric's `reason` label).
+    pub reason: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl Denied {
+    fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+
+    /// Logs and counts the refusal of `method` for `caller`.
+    pub fn audit(&self, caller: &Caller, method: &str) {
+        tracing::warn!(target: "audit", tenant = caller.tenant(), method, reason = self.reason, message = %self.message, "call refused");
+        count_refusal(self.reason);
+    }
+}
+
+impl From<Denied> for Status {
+    fn from(denied: Denied) -> Self {
+        Status::permission_denied(denied.message)
+    }
+}
+
+/// Counts a refusal in `floret_auth_refusals_total`.
+fn count_refusal(reason: &'static str) {
+    metrics::counter!("floret_auth_refusals_total", "reason" => reason).increment(1);
+}
+
+/// Logs an administrator's action under the `audit` target.
+pub fn audit_admin_action(caller: &Caller, action: &str, detail: &str) {
+    tracing::info!(target: "audit", tenant = caller.tenant(), action, detail, "admin action");
+}
+
+/// The interceptor that names the caller of every Floret and Admin call.
+#[derive(Debug, Clone)]
+pub struct Authenticate {
+    verifier: Option<std::sync::Arc<TokenVerifier>>,
+}
+
+impl Authenticate {
+    /// Checks tokens against `verifier`; none: every call is anonymous.
+    pub fn new(verifier: Option<TokenVerifier>) -> Self {
+        Self {
+            verifier: verifier.map(std::sync::Arc::new),
+        }
+    }
+
+    /// The caller a request's metadata names, at `now_unix_s`.
+    pub fn caller(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        now_unix_s: u64,
+    ) -> Result<Caller, Unauthenticated> {
+        let Some(verifier) = &self.verifier else {
+            return Ok(Caller::anonymous());
+        };
+        let header = metadata
+            .get("authorization")
+            .ok_or(Unauthenticated::new("missing", "no authorization metadata: this node needs `authorization: Bearer <token>` on every call (floret --token, FLORET_TOKEN)".into()))?;
+        let text = header.to_str().map_err(|_| {
+            Unauthenticated::new("malformed", "authorization metadata is not ASCII".into())
+        })?;
+        let token = text.strip_prefix("Bearer ").ok_or(Unauthenticated::new(
+            "malformed",
+            "authorization metadata must be `Bearer <token>`".into(),
+        ))?;
+        let claims = verifier
+            .verify(token.trim(), now_unix_s)
+            .map_err(|refusal| {
+                Unauthenticated::new(refusal_reason(&refusal), refusal.to_string())
+            })?;
+        Caller::from_claims(claims).map_err(|why| Unauthenticated::new("claims", why))
+    }
+}
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let now_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        match self.caller(request.metadata(), now_unix_s) {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+                Ok(request)
+            }
+            Err(refusal) => {
+                tracing::warn!(target: "audit", reason = refusal.reason, message = %refusal.message, "call refused: not authenticated");
+                count_refusal(refusal.reason);
+                Err(Status::unauthenticated(refusal.message))
+            }
+        }
+    }
+}
+
+/// A call without a token this node takes: UNAUTHENTICATED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unauthenticated {
+    /// The metric's `reason` label.
+    pub reason: &'static str,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl Unauthenticated {
+    fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+}
+
+/// The verifier over the public keys in `paths`; none when there are none
+/// (development mode).
+pub fn load_verifier(paths: &[std::path::PathBuf]) -> Result<Option<TokenVerifier>, String> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let keys = paths
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .map_err(|error| format!("cannot read token key {}: {error}", path.display()))?;
+            VerifyKey::from_pem(&text)
+                .map_err(|why| format!("token key {} is not usable: {why}", path.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(TokenVerifier::new(keys)))
+}
+
+fn refusal_reason(refusal: &TokenRefusal) -> &'static str {
+    match refusal {
+        TokenRefusal::Malformed(_) | TokenRefusal::TooLong { .. } => "malformed",
+        TokenRefusal::Algorithm(_) | TokenRefusal::UnknownKey(_) => "unknown_key",
+        TokenRefusal::BadSignature => "bad_signature",
+        TokenRefusal::Expired { .. } => "expired",
+        TokenRefusal::BadClaims(_) => "claims",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,119 @@
+use super::*;
+
+fn tenant(name: &str, roles: &[Role], queues: &[&str]) -> Caller {
+    Caller::from_claims(TokenClaims {
+        tenant: name.into(),
+        roles: roles.to_vec(),
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        exp: u64::MAX,
+        iat: 0,
+    })
+    .unwrap()
+}
+
+#[test]
+fn queue_patterns_match_only_what_they_say() {
+    let cases = [
+        ("orders*", "orders", true),
+        ("orders*", "orders-eu", true),
+        ("orders*", "order", false),
+        ("*-eu", "orders-eu", true),
+        ("*-eu", "orders-us", false),
+        ("a*b*c", "abc", true),
+        ("a*b*c", "axxbyyc", true),
+        ("a*b*c", "axxbyy", false),
+        ("*", "anything", true),
+        ("exact", "exact", true),
+        ("exact", "exactly", false),
+    ];
+    for (pattern, queue, expected) in cases {
+        assert_eq!(
+            QueuePattern::parse(pattern).unwrap().matches(queue),
+            expected,
+            "{pattern} ~ {queue}"
+        );
+    }
+    assert!(QueuePattern::parse("orders/x").is_err());
+    assert!(QueuePattern::parse("").is_err());
+}
+
+#[test]
+fn a_tenant_produces_into_another_tenants_queue() {
+    let acme = tenant("acme", &[Role::Produce], &["acme-*"]);
+    assert!(acme.require(Role::Produce, "acme-orders").is_ok());
+    let denied = acme.require(Role::Produce, "globex-orders").unwrap_err();
+    assert_eq!(denied.reason, "queue");
+    assert!(denied.message.contains("globex-orders"));
+    assert_eq!(
+        acme.require(Role::Consume, "acme-orders")
+            .unwrap_err()
+            .reason,
+        "role"
+    );
+}
+
+#[test]
+fn a_tenant_produces_as_another_tenants_producer() {
+    let acme = tenant("acme", &[Role::Produce], &["*"]);
+    assert_eq!(acme.producer_id("p1"), "acme/p1");
+    assert_eq!(acme.producer_id("globex/p1"), "acme/globex/p1");
+    assert!(acme.owns_producer("acme/p1"));
+    assert!(!acme.owns_producer("acme2/p1"));
+    assert!(!acme.owns_producer("globex/p1"));
+    assert_eq!(Caller::anonymous().producer_id("p1"), "p1");
+}
+
+#[test]
+fn a_non_admin_changes_policies() {
+    let acme = tenant("acme", &[Role::Produce, Role::Consume], &["*"]);
+    assert_eq!(acme.require_admin("SetPolicy").unwrap_err().reason, "admin");
+    let root = tenant("ops", &[Role::Admin], &[]);
+    assert!(root.require_admin("SetPolicy").is_ok());
+    assert!(root.require(Role::Consume, "any").is_ok());
+    assert!(Caller::anonymous().require_admin("SetPolicy").is_ok());
+}
+
+#[test]
+fn calls_without_a_good_bearer_token_get_through() {
+    let key = SigningKey::generate().unwrap();
+    let verifier = TokenVerifier::new(vec![VerifyKey::from_pem(&key.public_pem()).unwrap()]);
+    let authenticate = Authenticate::new(Some(verifier));
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    assert_eq!(
+        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        "missing"
+    );
+    metadata.insert("authorization", "Basic abc".parse().unwrap());
+    assert_eq!(
+        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        "malformed"
+    );
+    metadata.insert("authorization", "Bearer x.y.z".parse().unwrap());
+    assert_eq!(
+        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        "malformed"
+    );
+    let token = key
+        .sign(&TokenClaims {
+            tenant: "acme".into(),
+            roles: vec![Role::Produce],
+            queues: vec!["*".into()],
+            exp: 200,
+            iat: 0,
+        })
+        .unwrap();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    assert_eq!(
+        authenticate.caller(&metadata, 100).unwrap().tenant(),
+        "acme"
+    );
+    assert_eq!(
+        authenticate.caller(&metadata, 300).unwrap_err().reason,
+        "expired"
+    );
+    let anonymous = Authenticate::new(None);
+    assert_eq!(
+        anonymous.caller(&tonic::metadata::MetadataMap::new(), 0),
+        Ok(Caller::anonymous())
+    );
+}

@@ -1,0 +1,312 @@
+//! Tenants on nodes with token keys: every Floret and Admin call needs a
+//! bearer token; a tenant produces only into its queues and only as its own
+//! producers (stored as `tenant/producer`), consumes and acks only its
+//! queues, and needs `admin` for policies, dead letters and cluster-wide
+//! figures. Every refusal leaves the node serving, and nothing acknowledged
+//! is lost through them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use floret_client::{Client, ClientError, ConsumerEvent, Delivery, Message, Policy};
+use floret_proto::v1;
+use floret_server::auth::{Role, SigningKey, TokenClaims};
+use tonic::Code;
+
+use super::harness::{Cluster, FloretProcess, one_cluster_at_a_time};
+
+/// Waits for one consumer event this long at most.
+const EVENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Signs tokens for the tests, and knows where its public key is.
+struct Issuer {
+    key: SigningKey,
+    public_key: std::path::PathBuf,
+}
+
+impl Issuer {
+    fn new(dir: &Path) -> Self {
+        let key = SigningKey::generate().unwrap();
+        let public_key = dir.join("token.pub");
+        std::fs::write(&public_key, key.public_pem()).unwrap();
+        Self { key, public_key }
+    }
+
+    fn token(&self, tenant: &str, roles: &[Role], queues: &[&str], ttl_s: i64) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        self.key
+            .sign(&TokenClaims {
+                tenant: tenant.into(),
+                roles: roles.to_vec(),
+                queues: queues.iter().map(|queue| queue.to_string()).collect(),
+                exp: now.saturating_add_signed(ttl_s),
+                iat: now,
+            })
+            .unwrap()
+    }
+
+    fn token_keys_flag(&self) -> [String; 2] {
+        ["--token-keys".into(), self.public_key.display().to_string()]
+    }
+}
+
+fn as_tenant(address: &str, token: &str) -> Client {
+    Client::connect_lazy_as(address, None, Some(token)).unwrap()
+}
+
+fn code(result: Result<impl Sized, ClientError>) -> Code {
+    match result {
+        Ok(_) => Code::Ok,
+        Err(ClientError::Status(status)) => status.code(),
+        Err(other) => panic!("not a status: {other}"),
+    }
+}
+
+fn message(text: &str) -> Vec<Message> {
+    vec![Message {
+        payload: text.as_bytes().to_vec(),
+        headers: Default::default(),
+    }]
+}
+
+async fn next_delivery(consumer: &mut floret_client::Consumer) -> Delivery {
+    loop {
+        match tokio::time::timeout(EVENT_DEADLINE, consumer.next())
+            .await
+            .expect("a delivery within the deadline")
+            .unwrap()
+        {
+            Some(ConsumerEvent::Delivery(delivery)) => return delivery,
+            Some(_) => continue,
+            None => panic!("consume stream ended"),
+        }
+    }
+}
+
+async fn next_settled(consumer: &mut floret_client::Consumer) -> Vec<v1::SettleOutcome> {
+    loop {
+        match tokio::time::timeout(EVENT_DEADLINE, consumer.next())
+            .await
+            .expect("settle outcomes within the deadline")
+            .unwrap()
+        {
+            Some(ConsumerEvent::Settled(outcomes)) => return outcomes,
+            Some(_) => continue,
+            None => panic!("consume stream ended"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &issuer
+            .token_keys_flag()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let address = node.address.as_str();
+    let both = [Role::Produce, Role::Consume];
+    let acme = as_tenant(address, &issuer.token("acme", &both, &["acme-*"], 600));
+    let globex = as_tenant(address, &issuer.token("globex", &both, &["globex-*"], 600));
+    let admin = as_tenant(address, &issuer.token("ops", &[Role::Admin], &[], 600));
+
+    // No, garbled, expired or foreign tokens: UNAUTHENTICATED, and health still answers.
+    let anonymous = Client::connect_lazy(address).unwrap();
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let foreign = Issuer::new(&other_dir);
+    let strangers = [
+        ("no token", anonymous),
+        ("garbled", as_tenant(address, "not.a.token")),
+        (
+            "expired",
+            as_tenant(address, &issuer.token("acme", &both, &["acme-*"], -5)),
+        ),
+        (
+            "another key",
+            as_tenant(address, &foreign.token("acme", &both, &["acme-*"], 600)),
+        ),
+    ];
+    for (what, stranger) in &strangers {
+        assert_eq!(
+            code(stranger.produce("acme-orders", "p1", message("x")).await),
+            Code::Unauthenticated,
+            "{what}"
+        );
+        assert_eq!(
+            code(stranger.queue_stats("acme-orders").await),
+            Code::Unauthenticated,
+            "{what}"
+        );
+        assert!(stranger.serving().await.unwrap(), "{what}: health answers");
+    }
+
+    // acme produces into its queue as its own producer.
+    let sequences = acme
+        .produce("acme-orders", "p1", message("acme's"))
+        .await
+        .unwrap()
+        .sequences;
+    assert_eq!(sequences.len(), 1);
+
+    // globex may not produce into, consume, or read acme's queue.
+    assert_eq!(
+        code(globex.produce("acme-orders", "p1", message("x")).await),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(globex.consume("acme-orders", 10).await.map(drop)),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(globex.queue_stats("acme-orders").await),
+        Code::PermissionDenied
+    );
+    // Naming acme's producer from globex's side makes globex's own producer.
+    globex
+        .produce("globex-orders", "acme/p1", message("globex's"))
+        .await
+        .unwrap();
+
+    // acme gets its message, from its namespaced producer.
+    let mut consumer = acme.consume("acme-orders", 10).await.unwrap();
+    let delivery = next_delivery(&mut consumer).await;
+    assert_eq!(delivery.producer_id, "acme/p1");
+    assert_eq!(delivery.payload, b"acme's");
+
+    // globex cannot ack it; acme can.
+    assert_eq!(
+        code(globex.ack(vec![delivery.delivery_id.clone()]).await),
+        Code::PermissionDenied
+    );
+    // Without admin: no policies, dead letters or cluster-wide figures.
+    let policy = Policy {
+        weight: Some(100),
+        ..Policy::default()
+    };
+    assert_eq!(
+        code(
+            acme.set_policy("acme-orders", "acme/p1", policy, false)
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    assert_eq!(
+        code(
+            acme.delete_dead_letters("acme-orders", vec!["1".into()])
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    assert_eq!(code(acme.cluster_status().await), Code::PermissionDenied);
+    assert_eq!(code(acme.queue_stats("").await), Code::PermissionDenied);
+    acme.ack(vec![delivery.delivery_id.clone()]).await.unwrap();
+
+    // acme's stream cannot settle globex's delivery either.
+    let mut globex_consumer = globex.consume("globex-orders", 10).await.unwrap();
+    let globex_delivery = next_delivery(&mut globex_consumer).await;
+    assert_eq!(globex_delivery.producer_id, "globex/acme/p1");
+    consumer
+        .ack(vec![globex_delivery.delivery_id.clone()])
+        .await
+        .unwrap();
+    let outcomes = next_settled(&mut consumer).await;
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0].code, Code::PermissionDenied as i32);
+
+    // The admin may; acme's statistics show acme's producers alone.
+    admin
+        .set_policy("acme-orders", "acme/p1", policy, false)
+        .await
+        .unwrap();
+    let stats = acme.queue_stats("acme-orders").await.unwrap();
+    let producers: Vec<_> = stats.queues[0]
+        .producers
+        .iter()
+        .map(|producer| producer.producer_id.as_str())
+        .collect();
+    assert_eq!(producers, ["acme/p1"]);
+    let all = admin.queue_stats("").await.unwrap();
+    let globex_stats = all
+        .queues
+        .iter()
+        .find(|queue| queue.queue == "globex-orders")
+        .expect("globex's queue");
+    assert_eq!(globex_stats.producers[0].producer_id, "globex/acme/p1");
+    assert_eq!(
+        globex_stats.backlog_messages, 1,
+        "globex's message is kept (leased to globex, not acked)"
+    );
+
+    // Refusals are logged for audit; the node serves on.
+    let log = std::fs::read_to_string(dir.path().join("node.log")).unwrap();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("audit") && line.contains("refused"))
+        .collect();
+    assert!(
+        refusals.iter().any(|line| line.contains("globex")),
+        "globex's refusals in the node's audit log: {refusals:#?}"
+    );
+    assert!(admin.serving().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_tenants_calls_through_another_node_lose_its_namespace() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let flag = issuer.token_keys_flag();
+    let cluster = Cluster::start(
+        dir.path(),
+        3,
+        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let both = [Role::Produce, Role::Consume];
+    let acme_token = issuer.token("acme", &both, &["acme-*"], 600);
+    let globex_token = issuer.token("globex", &both, &["globex-*"], 600);
+    let producers = ["p1", "p2", "p3", "p4", "p5", "p6"];
+    for (index, producer) in producers.iter().enumerate() {
+        let via = cluster.address(1 + index as u64 % 3);
+        as_tenant(&via, &acme_token)
+            .produce("acme-orders", producer, message(producer))
+            .await
+            .unwrap();
+    }
+    for node in 1..=3 {
+        let globex = as_tenant(&cluster.address(node), &globex_token);
+        assert_eq!(
+            code(globex.produce("acme-orders", "p1", message("x")).await),
+            Code::PermissionDenied
+        );
+        assert_eq!(
+            code(globex.consume("acme-orders", 10).await.map(drop)),
+            Code::PermissionDenied
+        );
+    }
+    let acme = as_tenant(&cluster.address(2), &acme_token);
+    let mut consumer = acme.consume("acme-orders", 100).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < producers.len() {
+        let delivery = next_delivery(&mut consumer).await;
+        consumer
+            .ack(vec![delivery.delivery_id.clone()])
+            .await
+            .unwrap();
+        seen.push(delivery.producer_id);
+    }
+    seen.sort();
+    let expected: Vec<String> = producers
+        .iter()
+        .map(|producer| format!("acme/{producer}"))
+        .collect();
+    assert_eq!(seen, expected);
+}
