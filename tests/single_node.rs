@@ -1,6 +1,8 @@
 //! One real `floret serve` process, end to end: fairness under a flood,
-//! order, durability across SIGKILL, bad input, and data-dir errors.
+//! order, durability across SIGKILL, bad input (and its named classes in
+//! `bad_input.rs`), and data-dir errors.
 
+mod bad_input;
 mod harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

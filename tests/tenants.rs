@@ -114,8 +114,14 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
     );
     let address = node.address.as_str();
     let both = [Role::Produce, Role::Consume];
-    let acme = as_tenant(address, &issuer.token("acme", &both, &["acme-*"], 600));
-    let globex = as_tenant(address, &issuer.token("globex", &both, &["globex-*"], 600));
+    let acme = as_tenant(
+        address,
+        &issuer.token("acme", &both, &["acme.*", "shared.*"], 600),
+    );
+    let globex = as_tenant(
+        address,
+        &issuer.token("globex", &both, &["globex.*", "shared.*"], 600),
+    );
     let admin = as_tenant(address, &issuer.token("ops", &[Role::Admin], &[], 600));
 
     // No, garbled, expired or foreign tokens: UNAUTHENTICATED, and health still answers.
@@ -128,21 +134,21 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
         ("garbled", as_tenant(address, "not.a.token")),
         (
             "expired",
-            as_tenant(address, &issuer.token("acme", &both, &["acme-*"], -5)),
+            as_tenant(address, &issuer.token("acme", &both, &["acme.*"], -5)),
         ),
         (
             "another key",
-            as_tenant(address, &foreign.token("acme", &both, &["acme-*"], 600)),
+            as_tenant(address, &foreign.token("acme", &both, &["acme.*"], 600)),
         ),
     ];
     for (what, stranger) in &strangers {
         assert_eq!(
-            code(stranger.produce("acme-orders", "p1", message("x")).await),
+            code(stranger.produce("acme.orders", "p1", message("x")).await),
             Code::Unauthenticated,
             "{what}"
         );
         assert_eq!(
-            code(stranger.queue_stats("acme-orders").await),
+            code(stranger.queue_stats("acme.orders").await),
             Code::Unauthenticated,
             "{what}"
         );
@@ -151,7 +157,7 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
 
     // acme produces into its queue as its own producer.
     let sequences = acme
-        .produce("acme-orders", "p1", message("acme's"))
+        .produce("acme.orders", "p1", message("acme's"))
         .await
         .unwrap()
         .sequences;
@@ -159,25 +165,25 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
 
     // globex may not produce into, consume, or read acme's queue.
     assert_eq!(
-        code(globex.produce("acme-orders", "p1", message("x")).await),
+        code(globex.produce("acme.orders", "p1", message("x")).await),
         Code::PermissionDenied
     );
     assert_eq!(
-        code(globex.consume("acme-orders", 10).await.map(drop)),
+        code(globex.consume("acme.orders", 10).await.map(drop)),
         Code::PermissionDenied
     );
     assert_eq!(
-        code(globex.queue_stats("acme-orders").await),
+        code(globex.queue_stats("acme.orders").await),
         Code::PermissionDenied
     );
     // Naming acme's producer from globex's side makes globex's own producer.
     globex
-        .produce("globex-orders", "acme/p1", message("globex's"))
+        .produce("globex.orders", "acme/p1", message("globex's"))
         .await
         .unwrap();
 
     // acme gets its message, from its namespaced producer.
-    let mut consumer = acme.consume("acme-orders", 10).await.unwrap();
+    let mut consumer = acme.consume("acme.orders", 10).await.unwrap();
     let delivery = next_delivery(&mut consumer).await;
     assert_eq!(delivery.producer_id, "acme/p1");
     assert_eq!(delivery.payload, b"acme's");
@@ -194,14 +200,14 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
     };
     assert_eq!(
         code(
-            acme.set_policy("acme-orders", "acme/p1", policy, false)
+            acme.set_policy("acme.orders", "acme/p1", policy, false)
                 .await
         ),
         Code::PermissionDenied
     );
     assert_eq!(
         code(
-            acme.delete_dead_letters("acme-orders", vec!["1".into()])
+            acme.delete_dead_letters("acme.orders", vec!["1".into()])
                 .await
         ),
         Code::PermissionDenied
@@ -211,7 +217,7 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
     acme.ack(vec![delivery.delivery_id.clone()]).await.unwrap();
 
     // acme's stream cannot settle globex's delivery either.
-    let mut globex_consumer = globex.consume("globex-orders", 10).await.unwrap();
+    let mut globex_consumer = globex.consume("globex.orders", 10).await.unwrap();
     let globex_delivery = next_delivery(&mut globex_consumer).await;
     assert_eq!(globex_delivery.producer_id, "globex/acme/p1");
     consumer
@@ -222,23 +228,30 @@ async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
     assert_eq!(outcomes.len(), 1);
     assert_eq!(outcomes[0].code, Code::PermissionDenied as i32);
 
-    // The admin may; acme's statistics show acme's producers alone.
+    // The admin may; in a queue both use, acme's statistics show acme's producers alone.
     admin
-        .set_policy("acme-orders", "acme/p1", policy, false)
+        .set_policy("acme.orders", "acme/p1", policy, false)
         .await
         .unwrap();
-    let stats = acme.queue_stats("acme-orders").await.unwrap();
+    acme.produce("shared.q", "p1", message("a")).await.unwrap();
+    globex
+        .produce("shared.q", "p1", message("g"))
+        .await
+        .unwrap();
+    let stats = acme.queue_stats("shared.q").await.unwrap();
     let producers: Vec<_> = stats.queues[0]
         .producers
         .iter()
         .map(|producer| producer.producer_id.as_str())
         .collect();
     assert_eq!(producers, ["acme/p1"]);
+    let shared = admin.queue_stats("shared.q").await.unwrap();
+    assert_eq!(shared.queues[0].producers.len(), 2, "the admin sees both");
     let all = admin.queue_stats("").await.unwrap();
     let globex_stats = all
         .queues
         .iter()
-        .find(|queue| queue.queue == "globex-orders")
+        .find(|queue| queue.queue == "globex.orders")
         .expect("globex's queue");
     assert_eq!(globex_stats.producers[0].producer_id, "globex/acme/p1");
     assert_eq!(
@@ -271,29 +284,29 @@ async fn a_tenants_calls_through_another_node_lose_its_namespace() {
         &flag.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let both = [Role::Produce, Role::Consume];
-    let acme_token = issuer.token("acme", &both, &["acme-*"], 600);
-    let globex_token = issuer.token("globex", &both, &["globex-*"], 600);
+    let acme_token = issuer.token("acme", &both, &["acme.*"], 600);
+    let globex_token = issuer.token("globex", &both, &["globex.*"], 600);
     let producers = ["p1", "p2", "p3", "p4", "p5", "p6"];
     for (index, producer) in producers.iter().enumerate() {
         let via = cluster.address(1 + index as u64 % 3);
         as_tenant(&via, &acme_token)
-            .produce("acme-orders", producer, message(producer))
+            .produce("acme.orders", producer, message(producer))
             .await
             .unwrap();
     }
     for node in 1..=3 {
         let globex = as_tenant(&cluster.address(node), &globex_token);
         assert_eq!(
-            code(globex.produce("acme-orders", "p1", message("x")).await),
+            code(globex.produce("acme.orders", "p1", message("x")).await),
             Code::PermissionDenied
         );
         assert_eq!(
-            code(globex.consume("acme-orders", 10).await.map(drop)),
+            code(globex.consume("acme.orders", 10).await.map(drop)),
             Code::PermissionDenied
         );
     }
     let acme = as_tenant(&cluster.address(2), &acme_token);
-    let mut consumer = acme.consume("acme-orders", 100).await.unwrap();
+    let mut consumer = acme.consume("acme.orders", 100).await.unwrap();
     let mut seen = Vec::new();
     while seen.len() < producers.len() {
         let delivery = next_delivery(&mut consumer).await;

@@ -88,7 +88,7 @@ fn create_token(args: &CreateArgs, now_unix_s: u64) -> anyhow::Result<String> {
 /// `30d`, `12h`, `45m`, `90s` in seconds.
 fn parse_ttl(ttl: &str) -> anyhow::Result<u64> {
     let bad = || anyhow::anyhow!("--ttl {ttl:?}: give a number with s, m, h or d, like 30d");
-    let split = ttl.len().checked_sub(1).ok_or_else(bad)?;
+    let (split, _) = ttl.char_indices().last().ok_or_else(bad)?;
     let (number, unit) = ttl.split_at(split);
     let number: u64 = number.parse().map_err(|_| bad())?;
     let seconds = match unit {
@@ -118,7 +118,16 @@ mod tests {
         assert_eq!(parse_ttl("30d").unwrap(), 30 * 86_400);
         assert_eq!(parse_ttl("90s").unwrap(), 90);
         assert_eq!(parse_ttl("12h").unwrap(), 12 * 3_600);
-        for bad in ["", "d", "30", "30w", "0d", "-1d", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "d",
+            "30",
+            "30w",
+            "0d",
+            "-1d",
+            "5\u{b5}",
+            "99999999999999999999d",
+        ] {
             assert!(parse_ttl(bad).is_err(), "{bad}");
         }
     }

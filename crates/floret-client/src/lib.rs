@@ -382,9 +382,11 @@ impl Bearer {
     fn new(token: Option<&str>) -> Result<Self, ClientError> {
         token
             .map(|token| {
-                format!("Bearer {}", token.trim())
+                let mut value: MetadataValue<Ascii> = format!("Bearer {}", token.trim())
                     .parse()
-                    .map_err(|_| ClientError::InvalidToken)
+                    .map_err(|_| ClientError::InvalidToken)?;
+                value.set_sensitive(true);
+                Ok(value)
             })
             .transpose()
             .map(Self)

@@ -27,11 +27,14 @@ pub enum InvalidRequest {
     /// No producer id.
     #[error("producer_id is empty")]
     ProducerIdEmpty,
-    /// A producer id over [`MAX_PRODUCER_ID_BYTES`].
-    #[error("producer_id too long: {len} bytes > {MAX_PRODUCER_ID_BYTES}")]
+    /// A producer id over its limit ([`MAX_PRODUCER_ID_BYTES`] as a client
+    /// names it, [`MAX_STORED_PRODUCER_ID_BYTES`] with its tenant).
+    #[error("producer_id too long: {len} bytes > {max}")]
     ProducerIdTooLong {
         /// Its length.
         len: usize,
+        /// The limit.
+        max: usize,
     },
     /// A producer id with a control character (logs and status lines would show it raw).
     #[error("producer_id has a control character at byte {at}: use printable characters")]
@@ -162,6 +165,10 @@ pub const DEFAULT_QUEUE: &str = "default";
 pub const MAX_QUEUE_NAME_BYTES: usize = 128;
 /// Longest producer id, in bytes.
 pub const MAX_PRODUCER_ID_BYTES: usize = 256;
+/// Longest producer id as stored: a tenant's producers are stored as
+/// `tenant/producer` (`crate::auth::Caller::producer_id`).
+pub const MAX_STORED_PRODUCER_ID_BYTES: usize =
+    crate::auth::MAX_TENANT_BYTES + 1 + MAX_PRODUCER_ID_BYTES;
 /// Most headers one message may carry.
 pub const MAX_HEADERS: usize = 64;
 
@@ -186,20 +193,31 @@ pub fn queue_name(queue: &str) -> Result<String, InvalidRequest> {
     Ok(queue.to_owned())
 }
 
-/// A producer id: 1..=256 bytes of UTF-8.
+/// A producer id as a client names it: 1..=256 bytes of printable UTF-8.
+pub fn client_producer_id(producer: &str) -> Result<(), InvalidRequest> {
+    check_producer_id(producer, MAX_PRODUCER_ID_BYTES)
+}
+
+/// A producer id as stored (with its tenant, if it has one).
 pub fn producer_id(producer: &str) -> Result<String, InvalidRequest> {
+    check_producer_id(producer, MAX_STORED_PRODUCER_ID_BYTES)?;
+    Ok(producer.to_owned())
+}
+
+fn check_producer_id(producer: &str, max: usize) -> Result<(), InvalidRequest> {
     if producer.is_empty() {
         return Err(InvalidRequest::ProducerIdEmpty);
     }
-    if producer.len() > MAX_PRODUCER_ID_BYTES {
+    if producer.len() > max {
         return Err(InvalidRequest::ProducerIdTooLong {
             len: producer.len(),
+            max,
         });
     }
     if let Some((at, _)) = producer.char_indices().find(|(_, c)| c.is_control()) {
         return Err(InvalidRequest::ProducerIdCharacter { at });
     }
-    Ok(producer.to_owned())
+    Ok(())
 }
 
 /// A message's header names: at most [`MAX_HEADERS`], each non-empty printable text.
@@ -264,9 +282,12 @@ mod tests {
 
     #[test]
     fn producer_id_over_256_bytes_is_refused() {
-        assert!(producer_id(&"p".repeat(256)).is_ok());
-        let refused = producer_id(&"p".repeat(257)).unwrap_err();
+        assert!(client_producer_id(&"p".repeat(256)).is_ok());
+        let refused = client_producer_id(&"p".repeat(257)).unwrap_err();
         assert!(refused.to_string().contains("257 bytes > 256"), "{refused}");
+        let stored = format!("{}/{}", "t".repeat(64), "p".repeat(256));
+        assert!(producer_id(&stored).is_ok());
+        assert!(producer_id(&format!("{stored}p")).is_err());
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //!
 //! IMPLEMENTATION CAVEATS
 //! - An ack names its delivery by id; any tenant with the consume role on
-//!   the queue and the id can settle it. Tying a delivery to the stream or
-//!   tenant it went to is not done yet.
+//!   the queue (and, on a stream, any stream of that queue) and the id can
+//!   settle it. Tying a delivery to the stream or tenant it went to, and a
+//!   random part in delivery ids, are not done yet.
 //! - Fairness is still per producer, not per tenant.
+//! - A request that did not pass [`Authenticate`] is taken as the anonymous
+//!   tenant ([`Caller::of`]); every Floret and Admin service is behind it.
 
 pub mod token;
 
@@ -70,7 +73,9 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// A tenant's name: 1..=64 ASCII letters, digits, `.`, `_` or `-`.
+/// A tenant's name: 1..=64 ASCII letters, digits, `_` or `-`. No `.`, so
+/// that the queue pattern `acme.*` cannot match a queue of tenant
+/// `acme-eu` (`acme-eu.orders`) the way `acme-*` would.
 pub struct TenantName;
 
 impl TenantName {
@@ -84,10 +89,10 @@ impl TenantName {
         }
         match name
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')))
         {
             Some(bad) => Err(format!(
-                "tenant name {name:?} has {bad:?}: use ASCII letters, digits, '.', '_' or '-'"
+                "tenant name {name:?} has {bad:?}: use ASCII letters, digits, '_' or '-'"
             )),
             None => Ok(name),
         }
@@ -151,6 +156,9 @@ pub struct Caller {
     tenant: Option<String>,
     roles: Vec<Role>,
     queues: Vec<QueuePattern>,
+    /// When the token stops being valid, in seconds since the Unix epoch
+    /// (none for the anonymous tenant).
+    expires_unix_s: Option<u64>,
 }
 
 impl Caller {
@@ -161,6 +169,7 @@ impl Caller {
             tenant: None,
             roles: vec![Role::Admin],
             queues: Vec::new(),
+            expires_unix_s: None,
         }
     }
 
@@ -175,7 +184,14 @@ impl Caller {
             tenant: Some(TenantName::parse(&claims.tenant)?.to_owned()),
             roles: claims.roles,
             queues,
+            expires_unix_s: Some(claims.exp),
         })
+    }
+
+    /// When the caller's token expires, in seconds since the Unix epoch:
+    /// a consume stream it opened ends then.
+    pub fn expires_unix_s(&self) -> Option<u64> {
+        self.expires_unix_s
     }
 
     /// The tenant's name, for logs (`-` when anonymous).
@@ -217,8 +233,11 @@ impl Caller {
     /// Passes if the caller may produce into or consume `queue` (for
     /// reading its statistics).
     pub fn require_any(&self, queue: &str) -> Result<(), Denied> {
-        self.require(Role::Consume, queue)
-            .or_else(|_| self.require(Role::Produce, queue))
+        let consume = self.require(Role::Consume, queue);
+        match consume {
+            Err(denied) if denied.reason == "role" => self.require(Role::Produce, queue),
+            decided => decided,
+        }
     }
 
     /// Passes if the caller is an administrator.
@@ -283,7 +302,7 @@ impl Denied {
 
     /// Logs and counts the refusal of `method` for `caller`.
     pub fn audit(&self, caller: &Caller, method: &str) {
-        tracing::warn!(target: "audit", tenant = caller.tenant(), method, reason = self.reason, message = %self.message, "call refused");
+        tracing::warn!(target: "audit", tenant = caller.tenant(), method, reason = self.reason, message = ?self.message, "call refused");
         count_refusal(self.reason);
     }
 }
@@ -295,7 +314,7 @@ impl From<Denied> for Status {
 }
 
 /// Counts a refusal in `floret_auth_refusals_total`.
-fn count_refusal(reason: &'static str) {
+pub(crate) fn count_refusal(reason: &'static str) {
     metrics::counter!("floret_auth_refusals_total", "reason" => reason).increment(1);
 }
 
@@ -357,7 +376,7 @@ impl tonic::service::Interceptor for Authenticate {
                 Ok(request)
             }
             Err(refusal) => {
-                tracing::warn!(target: "audit", reason = refusal.reason, message = %refusal.message, "call refused: not authenticated");
+                tracing::warn!(target: "audit", reason = refusal.reason, message = ?refusal.message, "call refused: not authenticated");
                 count_refusal(refusal.reason);
                 Err(Status::unauthenticated(refusal.message))
             }

@@ -25,6 +25,11 @@ fn queue_patterns_match_only_what_they_say() {
         ("*", "anything", true),
         ("exact", "exact", true),
         ("exact", "exactly", false),
+        ("*ab", "aab", true),
+        ("a*a", "aaa", true),
+        ("a*a", "ab", false),
+        ("*a*b*", "xxaxxbxx", true),
+        ("**", "", true),
     ];
     for (pattern, queue, expected) in cases {
         assert_eq!(
@@ -39,13 +44,13 @@ fn queue_patterns_match_only_what_they_say() {
 
 #[test]
 fn a_tenant_produces_into_another_tenants_queue() {
-    let acme = tenant("acme", &[Role::Produce], &["acme-*"]);
-    assert!(acme.require(Role::Produce, "acme-orders").is_ok());
-    let denied = acme.require(Role::Produce, "globex-orders").unwrap_err();
+    let acme = tenant("acme", &[Role::Produce], &["acme.*"]);
+    assert!(acme.require(Role::Produce, "acme.orders").is_ok());
+    let denied = acme.require(Role::Produce, "globex.orders").unwrap_err();
     assert_eq!(denied.reason, "queue");
-    assert!(denied.message.contains("globex-orders"));
+    assert!(denied.message.contains("globex.orders"));
     assert_eq!(
-        acme.require(Role::Consume, "acme-orders")
+        acme.require(Role::Consume, "acme.orders")
             .unwrap_err()
             .reason,
         "role"
@@ -61,6 +66,23 @@ fn a_tenant_produces_as_another_tenants_producer() {
     assert!(!acme.owns_producer("acme2/p1"));
     assert!(!acme.owns_producer("globex/p1"));
     assert_eq!(Caller::anonymous().producer_id("p1"), "p1");
+}
+
+#[test]
+fn a_tenant_reaches_a_queue_of_a_tenant_whose_name_extends_its_own() {
+    assert!(TenantName::parse("acme-eu").is_ok());
+    assert!(TenantName::parse("acme.eu").is_err());
+    let acme = tenant("acme", &[Role::Produce], &["acme.*"]);
+    assert!(acme.require(Role::Produce, "acme.orders").is_ok());
+    assert!(acme.require(Role::Produce, "acme-eu.orders").is_err());
+}
+
+#[test]
+fn a_consumer_reading_stats_of_a_queue_it_lacks_is_told_about_the_role() {
+    let reader = tenant("acme", &[Role::Consume], &["acme.*"]);
+    assert!(reader.require_any("acme.orders").is_ok());
+    let denied = reader.require_any("globex.orders").unwrap_err();
+    assert_eq!(denied.reason, "queue");
 }
 
 #[test]

@@ -247,12 +247,20 @@ impl Config {
             self.tls.ca = Some(ca);
         }
         if let Some(keys) = env("FLORET_TOKEN_KEYS") {
-            self.auth.token_keys = keys
+            let token_keys: Vec<PathBuf> = keys
                 .split(',')
                 .map(str::trim)
                 .filter(|path| !path.is_empty())
                 .map(PathBuf::from)
                 .collect();
+            if token_keys.is_empty() {
+                return Err(ConfigError::Env {
+                    name: "FLORET_TOKEN_KEYS",
+                    value: keys,
+                    message: "names no key file: unset it to keep the configured keys".into(),
+                });
+            }
+            self.auth.token_keys = token_keys;
         }
         if let Some(insecure) = parse(&env, "FLORET_INSECURE")? {
             self.insecure = insecure;

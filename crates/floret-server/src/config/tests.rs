@@ -259,6 +259,31 @@ fn client_port_off_loopback_lets_anyone_act_as_any_tenant() {
 }
 
 #[test]
+fn tokens_are_bypassed_through_a_plaintext_peer_port() {
+    let insecure_cluster = Config {
+        listen: "0.0.0.0:7701".parse().unwrap(),
+        peers: parse_peers("1=n1:7801,2=n2:7801").unwrap(),
+        auth: with_token_keys(),
+        insecure: true,
+        ..Config::default()
+    };
+    let error = insecure_cluster.validate().unwrap_err().to_string();
+    assert!(error.contains("peer port"), "{error}");
+    let on_loopback = Config {
+        listen: "127.0.0.1:7701".parse().unwrap(),
+        ..insecure_cluster
+    };
+    on_loopback.validate().unwrap();
+    let emptied = Config::load(None, |name| {
+        (name == "FLORET_TOKEN_KEYS").then(|| " , ".to_owned())
+    });
+    assert!(
+        emptied.is_err(),
+        "an empty FLORET_TOKEN_KEYS turns tokens off"
+    );
+}
+
+#[test]
 fn cluster_gossiping_off_loopback_needs_a_secret() {
     let tls = TlsSettings {
         cert: Some("node.pem".into()),

@@ -104,6 +104,15 @@ impl Config {
         if tls.enabled() && has_peer_port && tls.ca.is_none() {
             return Err("a node with a peer port and TLS needs tls.ca, the CA of its members' certificates: without it the peer port could not tell members from anyone else".into());
         }
+        let peer_port_exposed = has_peer_port
+            && self
+                .peer_listen
+                .map_or(!self.listen.ip().is_loopback(), |peer| {
+                    !peer.ip().is_loopback()
+                });
+        if self.auth.enabled() && peer_port_exposed && !tls.enabled() {
+            return Err("token keys with a plaintext peer port off loopback: anyone who reaches the peer port could produce, consume and ack as any tenant there, past every token. Give tls.cert, tls.key and tls.ca (mutual TLS lets only members in)".into());
+        }
         if self.insecure {
             return Ok(());
         }

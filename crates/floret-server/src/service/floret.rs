@@ -17,7 +17,7 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
-use crate::auth::{Caller, Role};
+use crate::auth::{Caller, Denied, Role};
 use crate::deliver::{SettleCode, SettleKind};
 use crate::delivery_id::DeliveryId;
 use crate::error::RequestError;
@@ -31,6 +31,10 @@ pub const MAX_PRODUCES_PER_CALL: usize = 10_000;
 /// an open stream holds a task and buffers, so one that never subscribes
 /// is closed.
 pub const SUBSCRIBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Longest a token's expiry keeps a consume stream open (about 100 years):
+/// a bound that keeps the timer's deadline representable.
+const MAX_STREAM_LIFETIME_MS: u64 = 100 * 365 * 86_400 * 1_000;
 
 /// Most outcomes streamed back in one `ProduceManyReply`.
 const OUTCOMES_PER_REPLY: usize = 1_024;
@@ -84,7 +88,8 @@ impl v1::floret_server::Floret for FloretService {
         let now_ms = now_unix_ms();
         let caller = Caller::of(&request);
         let mut produce = request.into_inner();
-        admit_caller(&caller, &mut produce)?;
+        admit_caller(&caller, &mut produce)
+            .map_err(|refusal| refusal.into_request_error(&caller, true))?;
         let batch = self.produce.parse(produce, now_ms)?;
         let answer = self.produce.produce(batch, false, now_ms).await?;
         Ok(Response::new(produce_response(answer)))
@@ -113,8 +118,15 @@ impl v1::floret_server::Floret for FloretService {
         }
         let mut refused = Vec::new();
         let pending = FuturesUnordered::new();
+        let mut audited = false;
         for (index, mut produce) in produces.into_iter().enumerate() {
             let admitted = admit_caller(&caller, &mut produce)
+                .map_err(|refusal| {
+                    let denied = matches!(refusal, AdmitError::Denied(_));
+                    let error = refusal.into_request_error(&caller, denied && !audited);
+                    audited |= denied;
+                    error
+                })
                 .and_then(|()| self.produce.parse(produce, now_ms));
             match admitted {
                 Ok(batch) => {
@@ -149,7 +161,10 @@ impl v1::floret_server::Floret for FloretService {
         })?;
         let (outbound, responses) = fan_in::channel();
         fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
-        Ok(Response::new(responses))
+        match caller.expires_unix_s() {
+            Some(expires_unix_s) => Ok(Response::new(ending_at_expiry(responses, expires_unix_s))),
+            None => Ok(Response::new(responses)),
+        }
     }
 
     async fn ack(
@@ -201,17 +216,76 @@ impl v1::floret_server::Floret for FloretService {
 }
 
 /// Checks that `caller` may produce into the produce's queue, and names
-/// its producer in the caller's namespace (`tenant/producer`).
-fn admit_caller(caller: &Caller, produce: &mut v1::ProduceRequest) -> Result<(), RequestError> {
+/// its producer in the caller's namespace (`tenant/producer`). A refusal is
+/// not audited here: the call audits its first one.
+fn admit_caller(caller: &Caller, produce: &mut v1::ProduceRequest) -> Result<(), AdmitError> {
     let queue = request::queue_name(&produce.queue)?;
-    caller.require(Role::Produce, &queue).map_err(|denied| {
-        denied.audit(caller, "Produce");
-        RequestError::Denied(denied.message)
-    })?;
-    if !produce.producer_id.is_empty() {
-        produce.producer_id = caller.producer_id(&produce.producer_id);
-    }
+    caller.require(Role::Produce, &queue)?;
+    request::client_producer_id(&produce.producer_id)?;
+    produce.producer_id = caller.producer_id(&produce.producer_id);
     Ok(())
+}
+
+/// Why a produce was not admitted for its caller.
+enum AdmitError {
+    /// The request is malformed.
+    Invalid(InvalidRequest),
+    /// The caller may not make it.
+    Denied(Denied),
+}
+
+impl From<InvalidRequest> for AdmitError {
+    fn from(invalid: InvalidRequest) -> Self {
+        Self::Invalid(invalid)
+    }
+}
+
+impl From<Denied> for AdmitError {
+    fn from(denied: Denied) -> Self {
+        Self::Denied(denied)
+    }
+}
+
+impl AdmitError {
+    /// The refusal to answer with, audited if `audit` (the call's first denial).
+    fn into_request_error(self, caller: &Caller, audit: bool) -> RequestError {
+        match self {
+            Self::Invalid(invalid) => invalid.into(),
+            Self::Denied(denied) => {
+                if audit {
+                    denied.audit(caller, "Produce");
+                }
+                RequestError::Denied(denied.message)
+            }
+        }
+    }
+}
+
+/// `responses`, ended with UNAUTHENTICATED once the token that opened the
+/// stream expires (`expires_unix_s`): a stream does not outlive its token.
+fn ending_at_expiry(responses: ConsumeStream, expires_unix_s: u64) -> ConsumeStream {
+    let now_ms = u64::try_from(now_unix_ms()).unwrap_or(0);
+    let left_ms = expires_unix_s
+        .saturating_mul(1_000)
+        .saturating_sub(now_ms)
+        .min(MAX_STREAM_LIFETIME_MS);
+    let expired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deadline = {
+        let expired = expired.clone();
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(left_ms)).await;
+            expired.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let refusal = futures::stream::once(async move {
+        expired.load(std::sync::atomic::Ordering::Relaxed).then(|| {
+            Err(Status::unauthenticated(
+                "the token this stream was opened with expired: open it again with a new token",
+            ))
+        })
+    })
+    .filter_map(std::future::ready);
+    Box::pin(responses.take_until(deadline).chain(refusal))
 }
 
 /// Reads the subscribe that must open a consume stream, within

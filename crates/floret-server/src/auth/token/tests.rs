@@ -161,6 +161,35 @@ fn keys_survive_their_pem_files() {
 }
 
 #[test]
+fn a_signed_token_with_unusable_claims_is_taken() {
+    let key = SigningKey::generate().unwrap();
+    let verifier = verifier_of(&[&key]);
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some(key.id());
+    let sign = |claims: &TokenClaims| {
+        jsonwebtoken::encode(&header, claims, &EncodingKey::from_ed_der(&key.pkcs8)).unwrap()
+    };
+    let no_roles = TokenClaims {
+        roles: Vec::new(),
+        ..claims("acme", NOW + 60)
+    };
+    let bad_tenant = claims("acme/other", NOW + 60);
+    let bad_pattern = TokenClaims {
+        queues: vec!["a b".into()],
+        ..claims("acme", NOW + 60)
+    };
+    for claims in [no_roles, bad_tenant, bad_pattern] {
+        assert!(
+            matches!(
+                verifier.verify(&sign(&claims), NOW),
+                Err(TokenRefusal::BadClaims(_))
+            ),
+            "{claims:?}"
+        );
+    }
+}
+
+#[test]
 fn a_token_for_a_bad_tenant_name_cannot_be_signed() {
     let key = SigningKey::generate().unwrap();
     assert!(key.sign(&claims("a/b", NOW + 60)).is_err());

@@ -324,6 +324,10 @@ impl Merge {
                 id.parse::<DeliveryId>()
                     .map_or(true, |delivery| delivery.queue == self.queue)
             });
+        if !foreign.is_empty() {
+            tracing::warn!(target: "audit", queue = %self.queue, refused = foreign.len(), "settle refused: deliveries of another queue on this stream");
+            crate::auth::count_refusal("queue");
+        }
         let refused: Vec<v1::SettleOutcome> = foreign
             .into_iter()
             .map(|delivery_id| v1::SettleOutcome {
