@@ -130,8 +130,14 @@ fn calls_without_a_good_bearer_token_get_through() {
         "acme"
     );
     assert_eq!(
+        authenticate.caller(&metadata, 150).unwrap().tenant(),
+        "acme",
+        "the second call takes the token verified by the first"
+    );
+    assert_eq!(
         authenticate.caller(&metadata, 300).unwrap_err().reason,
-        "expired"
+        "expired",
+        "a token verified before still expires"
     );
     let anonymous = Authenticate::new(None);
     assert_eq!(
