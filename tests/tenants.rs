@@ -323,3 +323,72 @@ async fn a_tenants_calls_through_another_node_lose_its_namespace() {
         .collect();
     assert_eq!(seen, expected);
 }
+
+#[tokio::test]
+async fn a_tenant_with_a_hundred_producers_takes_a_hundred_shares() {
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &issuer
+            .token_keys_flag()
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let address = node.address.as_str();
+    let produce_only = [Role::Produce];
+    let sybil = as_tenant(
+        address,
+        &issuer.token("sybil", &produce_only, &["shared.*"], 600),
+    );
+    let honest = as_tenant(
+        address,
+        &issuer.token("honest", &produce_only, &["shared.*"], 600),
+    );
+    let sink = as_tenant(
+        address,
+        &issuer.token("sink", &[Role::Consume], &["shared.*"], 600),
+    );
+    let batch = |count: usize, tag: &str| -> Vec<Message> {
+        (0..count).flat_map(|_| message(tag)).collect()
+    };
+    for producer in 0..100 {
+        sybil
+            .produce("shared.q", &format!("p{producer}"), batch(20, "s"))
+            .await
+            .unwrap();
+    }
+    for _ in 0..20 {
+        honest
+            .produce("shared.q", "only", batch(100, "h"))
+            .await
+            .unwrap();
+    }
+    let mut consumer = sink.consume("shared.q", 100).await.unwrap();
+    let mut per_tenant: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut per_sybil_producer: std::collections::BTreeMap<String, usize> = Default::default();
+    for _ in 0..1_000 {
+        let delivery = next_delivery(&mut consumer).await;
+        let (tenant, producer) = delivery.producer_id.split_once('/').unwrap();
+        *per_tenant.entry(tenant.to_owned()).or_default() += 1;
+        if tenant == "sybil" {
+            *per_sybil_producer.entry(producer.to_owned()).or_default() += 1;
+        }
+        consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+        consumer.credit(1).await.unwrap();
+    }
+    let sybil_share = per_tenant["sybil"] as f64 / 1_000.0;
+    assert!(
+        (0.45..=0.55).contains(&sybil_share),
+        "each tenant gets half, however many producers it opens: {per_tenant:?}"
+    );
+    let counts: Vec<f64> = per_sybil_producer.values().map(|&n| n as f64).collect();
+    let jain = counts.iter().sum::<f64>().powi(2)
+        / (counts.len() as f64 * counts.iter().map(|n| n * n).sum::<f64>());
+    assert_eq!(counts.len(), 100, "every one of its producers was served");
+    assert!(
+        jain >= 0.95,
+        "its producers share its half evenly: Jain {jain}"
+    );
+}

@@ -117,6 +117,36 @@ impl NaiveRoundRobin {
     }
 }
 
+/// Times `iterations` decisions of `scheduler`, acking them outside the
+/// timed part every [`DECISIONS_PER_CHUNK`].
+fn time_decisions<T: Clone + Eq + std::hash::Hash>(
+    scheduler: &mut Scheduler<Arc<str>, T>,
+    start: Instant,
+    clock: &mut u64,
+    iterations: u64,
+) -> Duration {
+    let mut timed = Duration::ZERO;
+    let mut decided = Vec::with_capacity(DECISIONS_PER_CHUNK);
+    let mut remaining = iterations;
+    while remaining > 0 {
+        let chunk = remaining.min(DECISIONS_PER_CHUNK as u64);
+        remaining -= chunk;
+        let timer = Instant::now();
+        for _ in 0..chunk {
+            *clock += 1;
+            let now = start + Duration::from_nanos(*clock);
+            decided.push(black_box(scheduler.next(now).expect("backlogged")));
+        }
+        timed += timer.elapsed();
+        for dispatch in decided.drain(..) {
+            scheduler
+                .ack(&dispatch.producer, dispatch.sequence, dispatch.attempt)
+                .expect("the dispatch was just leased");
+        }
+    }
+    timed
+}
+
 fn decide(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
     group.throughput(Throughput::Elements(1));
@@ -126,26 +156,46 @@ fn decide(c: &mut Criterion) {
         let mut clock = 0u64;
         group.bench_with_input(BenchmarkId::new("floret", count), &count, |b, _| {
             b.iter_custom(|iterations| {
-                let mut timed = Duration::ZERO;
-                let mut decided = Vec::with_capacity(DECISIONS_PER_CHUNK);
-                let mut remaining = iterations;
-                while remaining > 0 {
-                    let chunk = remaining.min(DECISIONS_PER_CHUNK as u64);
-                    remaining -= chunk;
-                    let timer = Instant::now();
-                    for _ in 0..chunk {
-                        clock += 1;
-                        let now = start + Duration::from_nanos(clock);
-                        decided.push(black_box(scheduler.next(now).expect("backlogged")));
-                    }
-                    timed += timer.elapsed();
-                    for dispatch in decided.drain(..) {
-                        scheduler
-                            .ack(&dispatch.producer, dispatch.sequence, dispatch.attempt)
-                            .expect("the dispatch was just leased");
-                    }
-                }
-                timed
+                time_decisions(&mut scheduler, start, &mut clock, iterations)
+            });
+        });
+    }
+    group.finish();
+}
+
+/// Tenants of the two-level measurement: a hundred producers each at a
+/// million producers.
+const TENANTS: usize = 10_000;
+
+/// The tenant of a producer `tenant/producer`, as the server takes it.
+fn tenant_of(producer: &Arc<str>) -> String {
+    producer
+        .split_once('/')
+        .map_or_else(String::new, |(tenant, _)| tenant.to_owned())
+}
+
+/// `decide` with producers spread over [`TENANTS`] tenants: deficit round
+/// robin over tenants, then over each tenant's producers.
+fn decide_two_level(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decide_two_level");
+    group.throughput(Throughput::Elements(1));
+    for count in [10_000, 1_000_000] {
+        let mut scheduler = Scheduler::with_tenants(
+            SchedulerConfig {
+                default_weight: 1,
+                lease_timeout: Duration::from_secs(30),
+            },
+            tenant_of,
+        );
+        for index in 0..count {
+            let key: Arc<str> = Arc::from(format!("t{:05}/p{index:07}", index % TENANTS));
+            scheduler.enqueued(&key, 0..ENDLESS_BACKLOG);
+        }
+        let start = Instant::now();
+        let mut clock = 0u64;
+        group.bench_with_input(BenchmarkId::new("floret", count), &count, |b, _| {
+            b.iter_custom(|iterations| {
+                time_decisions(&mut scheduler, start, &mut clock, iterations)
             });
         });
     }
@@ -182,5 +232,5 @@ fn steady_state(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decide, steady_state);
+criterion_group!(benches, decide, decide_two_level, steady_state);
 criterion_main!(benches);

@@ -2,10 +2,11 @@
 //! which delivered messages are still leased to a consumer.
 //!
 //! floret-sched owns the in-node level of fairness described in docs/design.md
-//! ("Fairness, two levels"): deficit round robin across the producers that
-//! have deliverable messages, each getting `weight` messages per turn, in
-//! priority tiers (a higher tier first), with an optional limit of leases per
-//! producer; plus the delivery leases that turn a missing ack into a
+//! ("Fairness, two levels"): deficit round robin across the tenants that
+//! have deliverable messages, each getting its tenant weight in messages per
+//! turn, and inside a tenant across its producers, each getting `weight`
+//! messages per turn, in priority tiers (a higher tier first), with an
+//! optional limit of leases per producer; plus the delivery leases that turn a missing ack into a
 //! redelivery, and held messages (delayed ones whose time has not come,
 //! which wait outside the ring without holding anyone back).
 //!
@@ -38,6 +39,9 @@
 //!   generation number).
 //! - Policy overrides are kept until reset with `set_policy(p, None)`, even
 //!   across [`Scheduler::forget`], since they are policy rather than state.
+//! - Each tier keeps a turn state per tenant index it has seen, and that
+//!   vector never shrinks either (its length is the peak number of tenants
+//!   holding messages at once).
 //! - A tier change or a lowered in-flight limit leaves a stale ring entry
 //!   behind, dropped when it reaches the front: a producer changing tier
 //!   over and over grows its old ring until that ring is served.
@@ -51,6 +55,7 @@ mod producer;
 mod ring;
 mod scheduler;
 mod slab;
+mod tenants;
 mod undelivered;
 
 pub use config::SchedulerConfig;

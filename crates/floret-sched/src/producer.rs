@@ -71,6 +71,8 @@ pub(crate) struct ProducerSlot<K> {
     pub(crate) in_ring: bool,
     /// Bumped on every join, so entries of earlier stays in a ring go stale.
     pub(crate) ticket: u32,
+    /// The index of the producer's tenant (`crate::tenants`).
+    pub(crate) tenant: usize,
 }
 
 impl<K> ProducerSlot<K> {
@@ -88,6 +90,7 @@ impl<K> ProducerSlot<K> {
             deficit: 0,
             in_ring: false,
             ticket: 0,
+            tenant: 0,
         };
         slot.adopt(policy);
         slot

@@ -1,10 +1,11 @@
-//! The DRR ring: backlogged producers in turn order.
+//! The DRR ring: backlogged members in turn order, the producers of one
+//! tenant in one tier ([`RingEntry`]) or the tenants of one tier.
 //!
-//! Only the front is ever looked at. A producer that leaves the ring anywhere
+//! Only the front is ever looked at. A member that leaves the ring anywhere
 //! but at the front (it was forgotten, moved to another tier, or reached its
-//! in-flight limit) leaves its entry behind; the entry's [`RingEntry`] no
-//! longer matches a slot in the ring with the same ticket, and the scheduler
-//! drops it when it reaches the front. The counters are exact at all times.
+//! in-flight limit) leaves its entry behind; the entry's ticket no longer
+//! matches the member's, and the scheduler drops it when it reaches the
+//! front. The counters are exact at all times.
 
 use std::collections::VecDeque;
 
@@ -21,62 +22,72 @@ pub(crate) struct RingEntry {
 }
 
 /// Turn order plus the totals the cluster level reads.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ring {
-    /// Producers in turn order, possibly with stale entries.
-    order: VecDeque<RingEntry>,
-    /// Producers really in the ring.
-    producers: usize,
+#[derive(Debug, Clone)]
+pub(crate) struct Ring<E = RingEntry> {
+    /// Members in turn order, possibly with stale entries.
+    order: VecDeque<E>,
+    /// Members really in the ring.
+    members: usize,
     /// Sum of their weights.
     weight: u64,
 }
 
-impl Ring {
-    /// Puts a producer that just became backlogged at the back.
-    pub(crate) fn join(&mut self, entry: RingEntry, weight: u32) {
+impl<E> Default for Ring<E> {
+    fn default() -> Self {
+        Self {
+            order: VecDeque::new(),
+            members: 0,
+            weight: 0,
+        }
+    }
+}
+
+impl<E: Copy> Ring<E> {
+    /// Puts a member that just became backlogged at the back.
+    pub(crate) fn join(&mut self, entry: E, weight: u32) {
         self.order.push_back(entry);
-        self.producers += 1;
+        self.members += 1;
         self.weight += u64::from(weight);
     }
 
-    /// The producer whose turn it is, or a stale entry.
-    pub(crate) fn front(&self) -> Option<RingEntry> {
+    /// The member whose turn it is, or a stale entry.
+    pub(crate) fn front(&self) -> Option<E> {
         self.order.front().copied()
     }
 
-    /// Drops a stale front entry (its producer already left the counts).
+    /// Drops a stale front entry (its member already left the counts).
     pub(crate) fn drop_stale_front(&mut self) {
         self.order.pop_front();
     }
 
-    /// The front producer has nothing left to deliver.
+    /// The front member has nothing left to deliver.
     pub(crate) fn leave_front(&mut self, weight: u32) {
         self.order.pop_front();
         self.forget(weight);
     }
 
-    /// The front producer spent its credits: its turn ends.
+    /// The front member spent its credits: its turn ends.
     pub(crate) fn rotate(&mut self) {
         self.order.rotate_left(1);
     }
 
-    /// A producer left the ring from anywhere; its entry goes stale.
+    /// A member left the ring from anywhere; its entry goes stale.
     pub(crate) fn forget(&mut self, weight: u32) {
-        self.producers -= 1;
+        self.members -= 1;
         self.weight -= u64::from(weight);
     }
 
-    /// A producer in the ring changed weight.
+    /// A member in the ring changed weight.
     pub(crate) fn reweigh(&mut self, old: u32, new: u32) {
         self.weight = self.weight - u64::from(old) + u64::from(new);
     }
 
-    /// Producers in the ring.
-    pub(crate) fn producers(&self) -> usize {
-        self.producers
+    /// Members in the ring.
+    pub(crate) fn members(&self) -> usize {
+        self.members
     }
 
-    /// Sum of the weights of producers in the ring.
+    /// Sum of the weights of members in the ring.
     pub(crate) fn weight(&self) -> u64 {
         self.weight
     }

@@ -1,15 +1,22 @@
-//! The scheduler: deficit round robin over producers in priority tiers, and
-//! delivery leases.
+//! The scheduler: deficit round robin over tenants, and inside each tenant
+//! over its producers, in priority tiers; and delivery leases.
 //!
-//! A producer is in its tier's ring while it has something ready and fewer
-//! leases than its `max_in_flight`. The highest tier with a producer in its
-//! ring is served; inside it, the front producer gets `weight` credits on its
-//! turn (when it has none left over), each dispatch spends one, and it goes to
-//! the back when they run out or leaves the ring when it has nothing ready or
-//! reached its in-flight limit. Every operation touches one slot and the
-//! front of one ring (plus a look over the few tiers in use), so cost does not
-//! grow with the number of producers; the lease heap adds O(log leases) per
-//! dispatch and per expiry. Settling and expiring leases is `leases.rs`.
+//! A producer is in its tenant's ring of its tier while it has something
+//! ready and fewer leases than its `max_in_flight`; a tenant is in its
+//! tier's ring while one of its producers is. The highest tier with a
+//! tenant in its ring is served; inside it, the front tenant gets its
+//! tenant weight in credits on its turn, and inside the tenant the front
+//! producer gets its `weight`; each dispatch spends one of each. A member
+//! goes to the back of its ring when its credits run out and leaves it when
+//! it has nothing left to send, so a tenant that spreads its messages over
+//! a hundred producers gets one tenant's share. Every operation touches one
+//! slot, the front of one tenant ring and of one producer ring (plus a look
+//! over the few tiers in use), so cost does not grow with the number of
+//! producers or tenants; the lease heap adds O(log leases) per dispatch and
+//! per expiry. Settling and expiring leases is `leases.rs`.
+//!
+//! A scheduler made with [`Scheduler::new`] has one tenant, and schedules
+//! exactly as deficit round robin over producers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
@@ -22,15 +29,52 @@ use crate::lease_heap::{LeaseEntry, LeaseHeap};
 use crate::producer::{ProducerPolicy, ProducerSlot, ProducerView};
 use crate::ring::{Ring, RingEntry};
 use crate::slab::{Slab, SlotId};
+use crate::tenants::Tenants;
 
 mod leases;
 #[cfg(test)]
 mod tests;
 
+/// One tenant's place in one tier: its producers there in turn order, and
+/// its own turn among the tier's tenants.
+#[derive(Debug, Clone, Default)]
+struct TenantTurn {
+    /// The tenant's producers in this tier's rings.
+    producers: Ring,
+    /// Credits left in the tenant's current turn.
+    deficit: u32,
+    /// Whether the tenant has a live entry in the tier's tenant ring.
+    in_ring: bool,
+    /// Bumped on every join (and kept across reuses of the tenant's index),
+    /// so entries of earlier stays go stale.
+    ticket: u32,
+}
+
+/// A tenant's place in a tier's tenant ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TenantEntry {
+    tenant: usize,
+    ticket: u32,
+}
+
+/// One priority tier.
+#[derive(Debug, Clone, Default)]
+struct Tier {
+    /// Tenants with a producer in this tier, in turn order.
+    tenants: Ring<TenantEntry>,
+    /// Per tenant index, its place in this tier.
+    turns: Vec<TenantTurn>,
+    /// Producers in this tier's rings, over every tenant.
+    producers: usize,
+    /// Sum of their weights.
+    weight: u64,
+}
+
 /// Fair order and leases for the messages of one queue (on the node leading
-/// its shard); see the crate docs for how the server drives it.
+/// its shard); see the crate docs for how the server drives it. `T` is the
+/// tenant a producer belongs to (`tenant_of`); `()`: one tenant.
 #[derive(Debug, Clone)]
-pub struct Scheduler<K> {
+pub struct Scheduler<K, T = ()> {
     /// Lease timeout.
     config: SchedulerConfig,
     /// How producers without an override are scheduled.
@@ -39,8 +83,12 @@ pub struct Scheduler<K> {
     slots: Slab<K>,
     /// Policy overrides, kept even for producers without a slot.
     overrides: HashMap<K, ProducerPolicy>,
-    /// Per priority tier, its eligible producers in turn order.
-    tiers: BTreeMap<u32, Ring>,
+    /// Per priority tier, its eligible tenants and producers in turn order.
+    tiers: BTreeMap<u32, Tier>,
+    /// The tenant of a producer.
+    tenant_of: fn(&K) -> T,
+    /// Tenants holding slots, and tenant weight overrides.
+    tenants: Tenants<T>,
     /// Lease deadlines, for `expire` and `next_deadline`.
     lease_heap: LeaseHeap,
     /// Deliverable messages over all slots.
@@ -58,14 +106,26 @@ fn initial_defaults(config: &SchedulerConfig) -> ProducerPolicy {
 }
 
 impl<K: Clone + Eq + Hash> Scheduler<K> {
-    /// A scheduler holding nothing.
+    /// A scheduler holding nothing, with one tenant: deficit round robin
+    /// over producers.
     pub fn new(config: SchedulerConfig) -> Self {
+        Self::with_tenants(config, |_| ())
+    }
+}
+
+impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
+    /// A scheduler holding nothing, whose producers belong to the tenants
+    /// `tenant_of` names: deficit round robin over tenants, then over each
+    /// tenant's producers.
+    pub fn with_tenants(config: SchedulerConfig, tenant_of: fn(&K) -> T) -> Self {
         Self {
             defaults: initial_defaults(&config),
             config,
             slots: Slab::new(),
             overrides: HashMap::new(),
             tiers: BTreeMap::new(),
+            tenant_of,
+            tenants: Tenants::default(),
             lease_heap: LeaseHeap::default(),
             ready: 0,
             in_flight: 0,
@@ -84,10 +144,16 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         if sequences.is_empty() {
             return;
         }
+        let tenant = match self.slots.id_of(producer) {
+            Some(_) => None,
+            None => Some(self.tenants.acquire((self.tenant_of)(producer))),
+        };
         let (overrides, defaults) = (&self.overrides, self.defaults);
         let (id, slot) = self.slots.get_or_insert_with(producer, || {
             let policy = overrides.get(producer).copied().unwrap_or(defaults);
-            ProducerSlot::new(producer.clone(), policy)
+            let mut slot = ProducerSlot::new(producer.clone(), policy);
+            slot.tenant = tenant.unwrap_or_default();
+            slot
         });
         let added = slot.extend(sequences);
         self.ready += added;
@@ -132,12 +198,27 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         }
     }
 
+    /// Weight override of `tenant` among the tenants (messages per turn);
+    /// `None` goes back to 1. Kept while the tenant holds nothing. A new
+    /// weight takes effect from the tenant's next turn.
+    pub fn set_tenant_weight(&mut self, tenant: &T, weight: Option<u32>) {
+        let Some((index, old, new)) = self.tenants.set_weight(tenant, weight) else {
+            return;
+        };
+        for tier in self.tiers.values_mut() {
+            if tier.turns.get(index).is_some_and(|turn| turn.in_ring) {
+                tier.tenants.reweigh(old, new);
+            }
+        }
+    }
+
     /// Whether it holds nothing a new scheduler would not: no producer with
     /// messages or leases, no override, the defaults it started with. Such
     /// a scheduler can be dropped and made again when needed. O(1).
     pub fn holds_nothing(&self) -> bool {
         self.slots.is_empty()
             && self.overrides.is_empty()
+            && !self.tenants.has_overrides()
             && self.defaults == initial_defaults(&self.config)
     }
 
@@ -172,16 +253,18 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         let slot = self.slots.get_mut(id).expect("id just looked up");
         let dropped = slot.drop_before(below);
         self.ready -= dropped;
-        if slot.in_ring && slot.ready() == 0 {
+        let (priority, tenant, weight) = (slot.priority, slot.tenant, slot.weight);
+        let left_ring = slot.in_ring && slot.ready() == 0;
+        if left_ring {
             slot.in_ring = false;
             slot.deficit = 0;
-            self.tiers
-                .get_mut(&slot.priority)
-                .expect("a producer in a ring has its tier")
-                .forget(slot.weight);
         }
-        if slot.is_empty() {
-            self.slots.remove(id);
+        let empty = slot.is_empty();
+        if left_ring {
+            self.producer_left(priority, tenant, weight);
+        }
+        if empty {
+            self.remove_slot(id);
             self.discard_stale_leases();
         }
         dropped
@@ -191,20 +274,35 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
     /// `now + lease_timeout`. `None` when nothing is ready. O(1) amortised
     /// (plus O(log leases) for the lease heap).
     pub fn next(&mut self, now: Instant) -> Option<Dispatch<K>> {
-        let (tier, id) = self.front_of_rings()?;
+        let (tier, tenant, id) = self.front_of_rings()?;
+        let tenant_weight = self.tenants.weight(tenant);
         let slot = self.slots.get_mut(id)?;
         let (sequence, attempt) = slot.lease_next()?;
         if slot.deficit == 0 {
             slot.deficit = slot.weight;
         }
         slot.deficit -= 1;
-        let ring = self.tiers.get_mut(&tier).expect("front found in this tier");
+        let tier = self.tiers.get_mut(&tier).expect("front found in this tier");
+        let turn = &mut tier.turns[tenant];
+        if turn.deficit == 0 {
+            turn.deficit = tenant_weight;
+        }
+        turn.deficit -= 1;
         if !slot.eligible() {
             slot.in_ring = false;
             slot.deficit = 0;
-            ring.leave_front(slot.weight);
+            turn.producers.leave_front(slot.weight);
+            tier.producers -= 1;
+            tier.weight -= u64::from(slot.weight);
         } else if slot.deficit == 0 {
-            ring.rotate();
+            turn.producers.rotate();
+        }
+        if turn.producers.members() == 0 {
+            turn.in_ring = false;
+            turn.deficit = 0;
+            tier.tenants.leave_front(tenant_weight);
+        } else if turn.deficit == 0 {
+            tier.tenants.rotate();
         }
         self.ready -= 1;
         self.in_flight += 1;
@@ -229,14 +327,12 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         let Some(id) = self.slots.id_of(producer) else {
             return 0;
         };
-        let Some(slot) = self.slots.remove(id) else {
+        let Some(slot) = self.remove_slot(id) else {
             return 0;
         };
         let leased = slot.in_flight();
-        if slot.in_ring
-            && let Some(ring) = self.tiers.get_mut(&slot.priority)
-        {
-            ring.forget(slot.weight);
+        if slot.in_ring {
+            self.producer_left(slot.priority, slot.tenant, slot.weight);
         }
         self.ready -= slot.ready();
         self.in_flight -= leased;
@@ -251,13 +347,23 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
 
     /// Producers with deliverable messages and room for another lease (in a ring).
     pub fn backlogged_producers(&self) -> usize {
-        self.tiers.values().map(Ring::producers).sum()
+        self.tiers.values().map(|tier| tier.producers).sum()
+    }
+
+    /// Tenants with a producer in a ring (counted once per tier).
+    pub fn backlogged_tenants(&self) -> usize {
+        self.tiers.values().map(|tier| tier.tenants.members()).sum()
+    }
+
+    /// Sum of the weights of the tenants in the rings (once per tier).
+    pub fn backlogged_tenant_weight(&self) -> u64 {
+        self.tiers.values().map(|tier| tier.tenants.weight()).sum()
     }
 
     /// Sum of the weights of producers in the rings, which each node reports
     /// to the merges of its consumers so they split credit between nodes.
     pub fn backlogged_weight(&self) -> u64 {
-        self.tiers.values().map(Ring::weight).sum()
+        self.tiers.values().map(|tier| tier.weight).sum()
     }
 
     /// Deliverable (not leased) messages over all producers.
@@ -270,31 +376,75 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         self.in_flight
     }
 
-    /// The tier served now and the producer whose turn it is there: the
-    /// front of the highest tier with a live entry, dropping stale entries
-    /// (and drained tiers) on the way.
-    fn front_of_rings(&mut self) -> Option<(u32, SlotId)> {
+    /// The tier served now, the tenant whose turn it is there, and that
+    /// tenant's producer whose turn it is: the fronts of the highest tier
+    /// with a live entry, dropping stale entries (and drained tiers) on the
+    /// way.
+    fn front_of_rings(&mut self) -> Option<(u32, usize, SlotId)> {
+        let (slots, tenants) = (&self.slots, &self.tenants);
         let mut drained = false;
         let mut found = None;
-        for (&tier, ring) in self.tiers.iter_mut().rev() {
-            while let Some(entry) = ring.front() {
-                if self.slots.get(entry.slot).is_some_and(|slot| {
-                    slot.in_ring && slot.ticket == entry.ticket && slot.priority == tier
-                }) {
-                    found = Some((tier, entry.slot));
+        for (&priority, tier) in self.tiers.iter_mut().rev() {
+            while let Some(entry) = tier.tenants.front() {
+                let turn = &mut tier.turns[entry.tenant];
+                if !(turn.in_ring && turn.ticket == entry.ticket) {
+                    tier.tenants.drop_stale_front();
+                    continue;
+                }
+                while let Some(producer) = turn.producers.front() {
+                    if slots.get(producer.slot).is_some_and(|slot| {
+                        slot.in_ring
+                            && slot.ticket == producer.ticket
+                            && slot.priority == priority
+                            && slot.tenant == entry.tenant
+                    }) {
+                        found = Some((priority, entry.tenant, producer.slot));
+                        break;
+                    }
+                    turn.producers.drop_stale_front();
+                }
+                if found.is_some() {
                     break;
                 }
-                ring.drop_stale_front();
+                turn.in_ring = false;
+                turn.deficit = 0;
+                tier.tenants.leave_front(tenants.weight(entry.tenant));
             }
             if found.is_some() {
                 break;
             }
-            drained |= ring.entries() == 0;
+            drained |= tier.tenants.entries() == 0;
         }
         if drained {
-            self.tiers.retain(|_, ring| ring.entries() > 0);
+            self.tiers.retain(|_, tier| tier.tenants.entries() > 0);
         }
         found
+    }
+
+    /// A producer of `tenant` with `weight` left tier `priority`'s rings
+    /// (its entry goes stale); the tenant leaves the tier's ring with its
+    /// last producer there.
+    fn producer_left(&mut self, priority: u32, tenant: usize, weight: u32) {
+        let tier = self
+            .tiers
+            .get_mut(&priority)
+            .expect("a producer in a ring has its tier");
+        tier.producers -= 1;
+        tier.weight -= u64::from(weight);
+        let turn = &mut tier.turns[tenant];
+        turn.producers.forget(weight);
+        if turn.producers.members() == 0 {
+            turn.in_ring = false;
+            turn.deficit = 0;
+            tier.tenants.forget(self.tenants.weight(tenant));
+        }
+    }
+
+    /// Frees slot `id` and its hold on its tenant.
+    fn remove_slot(&mut self, id: SlotId) -> Option<ProducerSlot<K>> {
+        let slot = self.slots.remove(id)?;
+        self.tenants.release(slot.tenant);
+        Some(slot)
     }
 
     /// The policy `producer` gets: its override, else the defaults.
@@ -305,7 +455,9 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
             .unwrap_or(self.defaults)
     }
 
-    /// Puts slot `id` at the back of its tier's ring if it belongs there and is not in it.
+    /// Puts slot `id` at the back of its tenant's ring in its tier if it
+    /// belongs there and is not in it, and the tenant at the back of the
+    /// tier's ring if it was not in it.
     fn join_if_eligible(&mut self, id: SlotId) {
         let Some(slot) = self.slots.get_mut(id) else {
             return;
@@ -315,13 +467,32 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         }
         slot.in_ring = true;
         slot.ticket = slot.ticket.wrapping_add(1);
-        self.tiers.entry(slot.priority).or_default().join(
+        let tenant = slot.tenant;
+        let tier = self.tiers.entry(slot.priority).or_default();
+        if tier.turns.len() <= tenant {
+            tier.turns.resize_with(tenant + 1, TenantTurn::default);
+        }
+        let turn = &mut tier.turns[tenant];
+        turn.producers.join(
             RingEntry {
                 slot: id,
                 ticket: slot.ticket,
             },
             slot.weight,
         );
+        tier.producers += 1;
+        tier.weight += u64::from(slot.weight);
+        if !turn.in_ring {
+            turn.in_ring = true;
+            turn.ticket = turn.ticket.wrapping_add(1);
+            tier.tenants.join(
+                TenantEntry {
+                    tenant,
+                    ticket: turn.ticket,
+                },
+                self.tenants.weight(tenant),
+            );
+        }
     }
 
     /// Applies a changed policy to slot `id`: a new tier or a reached
@@ -332,20 +503,22 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
             return;
         };
         let was_in_ring = slot.in_ring;
-        let (old_tier, old_weight) = (slot.priority, slot.weight);
+        let (old_tier, old_weight, tenant) = (slot.priority, slot.weight, slot.tenant);
         slot.adopt(policy);
         if was_in_ring {
-            let ring = self
-                .tiers
-                .get_mut(&old_tier)
-                .expect("a producer in a ring has its tier");
             if slot.priority == old_tier && slot.eligible() {
-                ring.reweigh(old_weight, slot.weight);
+                let new_weight = slot.weight;
+                let tier = self
+                    .tiers
+                    .get_mut(&old_tier)
+                    .expect("a producer in a ring has its tier");
+                tier.turns[tenant].producers.reweigh(old_weight, new_weight);
+                tier.weight = tier.weight - u64::from(old_weight) + u64::from(new_weight);
                 return;
             }
-            ring.forget(old_weight);
             slot.in_ring = false;
             slot.deficit = 0;
+            self.producer_left(old_tier, tenant, old_weight);
         }
         self.join_if_eligible(id);
     }

@@ -41,6 +41,33 @@ fn assert_within_one_quantum(log: &[usize], weights: &[u32]) {
 
 proptest! {
     #[test]
+    fn backlogged_tenants_get_their_weighted_share_whatever_their_producer_counts(
+        tenant_weights in prop::collection::vec(1u32..=4, 2..=4),
+        producers_per_tenant in prop::collection::vec(1u8..=8, 4),
+        dispatches in 1usize..200,
+    ) {
+        // Producer `16 * tenant + index` belongs to `tenant`.
+        let mut scheduler = Scheduler::with_tenants(
+            SchedulerConfig {
+                default_weight: 1,
+                lease_timeout: TIMEOUT,
+            },
+            |producer: &u8| *producer / 16,
+        );
+        let now = Instant::now();
+        for (tenant, &weight) in (0u8..).zip(&tenant_weights) {
+            scheduler.set_tenant_weight(&tenant, Some(weight));
+            for index in 0..producers_per_tenant[usize::from(tenant)] {
+                scheduler.enqueued(&(16 * tenant + index), 0..1_000);
+            }
+        }
+        let log: Vec<usize> = (0..dispatches)
+            .map(|_| usize::from(scheduler.next(now).expect("all backlogged").producer / 16))
+            .collect();
+        assert_within_one_quantum(&log, &tenant_weights);
+    }
+
+    #[test]
     fn backlogged_producers_get_their_weighted_share_in_every_round(
         weights in prop::collection::vec(1u32..=4, 2..=5),
         backlog in prop::collection::vec(1u64..=30, 5),

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::Authenticate;
 use crate::config::Config;
+use crate::deliver::book::Tenancy;
 use crate::deliver::{self, DispatcherHandle};
 use crate::disk_room::DiskRoom;
 use crate::faults::{self, NodeFault};
@@ -186,6 +187,11 @@ impl Node {
             SchedulerConfig {
                 default_weight: 1,
                 lease_timeout: config.lease_timeout(),
+            },
+            if config.auth.enabled() {
+                Tenancy::Namespaced
+            } else {
+                Tenancy::Anonymous
             },
             config.limits.max_credits,
         );

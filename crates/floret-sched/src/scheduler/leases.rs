@@ -11,7 +11,7 @@ use crate::dispatch::Dispatch;
 use crate::error::SettleError;
 use crate::slab::SlotId;
 
-impl<K: Clone + Eq + Hash> Scheduler<K> {
+impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     /// Whether `(producer, sequence, attempt)` holds a live lease. Lets a
     /// caller make an ack durable elsewhere before it releases the lease with
     /// [`Self::ack`], so a failed removal leaves the message to expire and
@@ -32,7 +32,7 @@ impl<K: Clone + Eq + Hash> Scheduler<K> {
         slot.release(sequence, attempt)?;
         self.in_flight -= 1;
         if slot.is_empty() {
-            self.slots.remove(id);
+            self.remove_slot(id);
         } else {
             self.join_if_eligible(id);
         }

@@ -21,6 +21,16 @@ fn order(scheduler: &mut Scheduler<&'static str>, now: Instant, count: usize) ->
         .collect()
 }
 
+/// Entries (stale ones included) in every producer ring of every tier.
+fn producer_ring_entries<T>(scheduler: &Scheduler<&'static str, T>) -> usize {
+    scheduler
+        .tiers
+        .values()
+        .flat_map(|tier| tier.turns.iter())
+        .map(|turn| turn.producers.entries())
+        .sum()
+}
+
 fn dispatch(producer: &'static str, sequence: u64, attempt: u32) -> Option<Dispatch<&'static str>> {
     Some(Dispatch {
         producer,
@@ -89,10 +99,7 @@ fn enqueue_while_backlogged_does_not_add_a_second_ring_entry() {
     scheduler.enqueued(&"a", 1..2);
     scheduler.enqueued(&"a", 2..3);
     scheduler.enqueued(&"b", 1..2);
-    assert_eq!(
-        scheduler.tiers.values().map(Ring::entries).sum::<usize>(),
-        2
-    );
+    assert_eq!(producer_ring_entries(&scheduler), 2);
     assert_eq!(order(&mut scheduler, Instant::now(), 3), "aba");
 }
 
@@ -426,10 +433,7 @@ fn forgotten_producer_turn_passes_to_the_next() {
     scheduler.forget(&"a");
     scheduler.forget(&"nobody");
     assert_eq!(order(&mut scheduler, now, 3), "bbb");
-    assert_eq!(
-        scheduler.tiers.values().map(Ring::entries).sum::<usize>(),
-        1
-    );
+    assert_eq!(producer_ring_entries(&scheduler), 1);
 }
 
 #[test]
@@ -663,4 +667,180 @@ fn forgetting_a_producer_hides_the_leases_it_held() {
     assert_eq!(scheduler.forget(&"nobody"), 0);
     scheduler.next(now);
     assert_eq!(scheduler.forget(&"a"), 2);
+}
+
+/// A scheduler whose producers `tenant/name` belong to `tenant`.
+fn tenant_scheduler() -> Scheduler<&'static str, &'static str> {
+    Scheduler::with_tenants(
+        SchedulerConfig {
+            default_weight: 1,
+            lease_timeout: TIMEOUT,
+        },
+        |producer: &&'static str| producer.split_once('/').map_or("", |(tenant, _)| tenant),
+    )
+}
+
+/// Tenants of the next `count` dispatches, e.g. "abab".
+fn tenant_order(
+    scheduler: &mut Scheduler<&'static str, &'static str>,
+    now: Instant,
+    count: usize,
+) -> String {
+    (0..count)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer.split_once('/').map_or("", |(t, _)| t))
+        .collect()
+}
+
+#[test]
+fn a_tenant_with_a_hundred_producers_gets_a_hundred_shares() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    let many: Vec<&'static str> = (0..100)
+        .map(|index| &*Box::leak(format!("a/p{index}").into_boxed_str()))
+        .collect();
+    for producer in &many {
+        scheduler.enqueued(producer, 1..11);
+    }
+    scheduler.enqueued(&"b/only", 1..101);
+    assert_eq!(scheduler.backlogged_tenants(), 2);
+    assert_eq!(scheduler.backlogged_producers(), 101);
+    let order = tenant_order(&mut scheduler, now, 200);
+    assert_eq!(order.matches('a').count(), 100);
+    assert_eq!(order.matches('b').count(), 100);
+    assert!(order.starts_with("abab"), "{order}");
+}
+
+#[test]
+fn a_tenants_producers_share_its_turns_round_robin() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    for producer in ["a/1", "a/2", "a/3", "b/1"] {
+        scheduler.enqueued(&producer, 1..10);
+    }
+    let producers: Vec<&str> = (0..6)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect();
+    assert_eq!(producers, ["a/1", "b/1", "a/2", "b/1", "a/3", "b/1"]);
+}
+
+#[test]
+fn tenant_weight_three_gets_three_messages_per_turn() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_tenant_weight(&"a", Some(3));
+    scheduler.enqueued(&"a/1", 1..20);
+    scheduler.enqueued(&"a/2", 1..20);
+    scheduler.enqueued(&"b/1", 1..20);
+    assert_eq!(scheduler.backlogged_tenant_weight(), 4);
+    assert_eq!(tenant_order(&mut scheduler, now, 8), "aaabaaab");
+    scheduler.set_tenant_weight(&"a", None);
+    assert_eq!(scheduler.backlogged_tenant_weight(), 2);
+    assert_eq!(tenant_order(&mut scheduler, now, 4), "abab");
+}
+
+#[test]
+fn a_producer_weight_inside_a_tenant_splits_the_tenants_share() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(
+        &"a/heavy",
+        Some(ProducerPolicy {
+            weight: 2,
+            ..ProducerPolicy::default()
+        }),
+    );
+    scheduler.enqueued(&"a/heavy", 1..100);
+    scheduler.enqueued(&"a/light", 1..100);
+    scheduler.enqueued(&"b/1", 1..100);
+    let producers: Vec<&str> = (0..60)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect();
+    let count = |name: &str| producers.iter().filter(|p| **p == name).count();
+    assert_eq!(count("b/1"), 30);
+    assert_eq!(count("a/heavy"), 20);
+    assert_eq!(count("a/light"), 10);
+}
+
+#[test]
+fn a_drained_tenant_leaves_and_rejoins_at_the_back() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a/1", 1..2);
+    scheduler.enqueued(&"b/1", 1..5);
+    scheduler.enqueued(&"c/1", 1..5);
+    assert_eq!(tenant_order(&mut scheduler, now, 4), "abcb");
+    assert_eq!(scheduler.backlogged_tenants(), 2);
+    scheduler.enqueued(&"a/2", 1..3);
+    assert_eq!(tenant_order(&mut scheduler, now, 5), "cbacb");
+}
+
+#[test]
+fn a_forgotten_tenants_index_is_reused_without_its_stale_turns() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a/1", 1..5);
+    scheduler.enqueued(&"b/1", 1..5);
+    scheduler.forget(&"a/1");
+    assert_eq!(scheduler.backlogged_tenants(), 1);
+    scheduler.enqueued(&"c/1", 1..5);
+    scheduler.enqueued(&"a/9", 1..5);
+    assert_eq!(scheduler.backlogged_tenants(), 3);
+    let order = tenant_order(&mut scheduler, now, 9);
+    assert_eq!(order.matches('a').count(), 3, "{order}");
+    assert_eq!(order.matches('b').count(), 3, "{order}");
+    assert_eq!(order.matches('c').count(), 3, "{order}");
+}
+
+#[test]
+fn a_higher_tier_goes_first_whatever_the_tenants() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(
+        &"b/urgent",
+        Some(ProducerPolicy {
+            priority: 1,
+            ..ProducerPolicy::default()
+        }),
+    );
+    scheduler.enqueued(&"a/1", 1..5);
+    scheduler.enqueued(&"b/urgent", 1..3);
+    scheduler.enqueued(&"b/normal", 1..5);
+    let producers: Vec<&str> = (0..4)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect();
+    assert_eq!(producers, ["b/urgent", "b/urgent", "a/1", "b/normal"]);
+}
+
+#[test]
+fn an_in_flight_limit_takes_the_producer_out_but_not_its_tenant() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_policy(
+        &"a/strict",
+        Some(ProducerPolicy {
+            max_in_flight: Some(1),
+            ..ProducerPolicy::default()
+        }),
+    );
+    scheduler.enqueued(&"a/strict", 1..5);
+    scheduler.enqueued(&"a/free", 1..5);
+    scheduler.enqueued(&"b/1", 1..5);
+    let producers: Vec<&str> = (0..6)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect();
+    assert_eq!(
+        producers,
+        ["a/strict", "b/1", "a/free", "b/1", "a/free", "b/1"]
+    );
+    scheduler.ack(&"a/strict", 1, 1).unwrap();
+    let after_ack: Vec<&str> = (0..4)
+        .map_while(|_| scheduler.next(now))
+        .map(|dispatch| dispatch.producer)
+        .collect();
+    assert!(after_ack.contains(&"a/strict"), "{after_ack:?}");
 }

@@ -127,15 +127,20 @@ impl Config {
                 "refusing to gossip on {gossip_ip} without a secret: anyone who can send it UDP could rewrite this node's view of the cluster. Give gossip.secret_file (`floret certs` writes gossip.key) or FLORET_GOSSIP_SECRET, or --insecure on a network only the cluster can reach"
             ));
         }
+        if !tls.enabled() {
+            self.check_no_plaintext_off_loopback()?;
+        }
         if !self.auth.enabled() && !self.listen.ip().is_loopback() {
             return Err(format!(
                 "refusing to serve the client port on {} without token keys: anyone who reaches it could produce as any tenant, consume any queue and change policies. Give auth.token_keys (--token-keys, FLORET_TOKEN_KEYS; `floret certs` writes token.pub), or --insecure on a network only trusted clients can reach",
                 self.listen.ip()
             ));
         }
-        if tls.enabled() {
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    /// No port serving plaintext on an address other than loopback.
+    fn check_no_plaintext_off_loopback(&self) -> Result<(), String> {
         let exposed = std::iter::once(("listen", self.listen.ip()))
             .chain(
                 self.peer_listen

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::book::{
     ConsumerChannel, ConsumerClosed, DispatchBook, Now, ReadError, ShardContents, ShardDiscard,
-    StoredBacklog,
+    StoredBacklog, Tenancy,
 };
 use super::{ConsumerEvent, DispatcherCommand, DispatcherHandle};
 use crate::produce::proposer::Proposers;
@@ -41,10 +41,12 @@ pub(crate) fn spawn(
     readers: Vec<Option<ShardReader>>,
     proposers: Proposers,
     scheduler_config: SchedulerConfig,
+    tenancy: Tenancy,
     max_credits: u32,
 ) {
     let dispatcher = Dispatcher {
-        book: DispatchBook::new(ShardReaders(readers), scheduler_config, max_credits),
+        book: DispatchBook::new(ShardReaders(readers), scheduler_config, max_credits)
+            .with_tenancy(tenancy),
         proposers,
         handle,
     };

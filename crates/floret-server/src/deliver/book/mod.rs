@@ -44,6 +44,7 @@ use floret_store::{AppliedEvent, Discarded, ShardId};
 
 pub use backlog::BACKLOG_REPORT_GAP;
 pub use contents::{ReadError, ShardContents, StoredBacklog};
+pub use queue::Tenancy;
 use queue::{HeldMessage, LeaseKey, ProducerKey, QueueDispatch};
 
 use super::{ConsumerEvent, ConsumerId};
@@ -111,6 +112,8 @@ pub struct DispatchBook<S, C> {
     consumers: HashMap<ConsumerId, Consumer<C>>,
     next_consumer: ConsumerId,
     scheduler_config: SchedulerConfig,
+    /// How producers fall into tenants.
+    tenancy: Tenancy,
     max_credits: u64,
     /// Delayed messages held back, earliest first.
     held: BinaryHeap<Reverse<HeldMessage>>,
@@ -129,11 +132,18 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             consumers: HashMap::new(),
             next_consumer: 1,
             scheduler_config,
+            tenancy: Tenancy::Anonymous,
             max_credits: u64::from(max_credits),
             held: BinaryHeap::new(),
             outbox: Outbox::default(),
             backlog_report_due: None,
         }
+    }
+
+    /// The book with its queues' producers falling into tenants as `tenancy` says.
+    pub fn with_tenancy(mut self, tenancy: Tenancy) -> Self {
+        self.tenancy = tenancy;
+        self
     }
 
     /// What the book decided since the last call.
@@ -321,10 +331,10 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     }
 
     fn queue(&mut self, queue: &Arc<str>) -> &mut QueueDispatch {
-        let config = self.scheduler_config.clone();
+        let (config, tenancy) = (self.scheduler_config.clone(), self.tenancy);
         self.queues
             .entry(queue.clone())
-            .or_insert_with(|| QueueDispatch::new(config))
+            .or_insert_with(|| QueueDispatch::new(config, tenancy))
     }
 
     /// An idle producer's counters were deleted. A sweep forgets many

@@ -1,5 +1,8 @@
 //! One queue inside the dispatch book: its scheduler, its consumers in
-//! round-robin order, who holds which lease, and its counters.
+//! round-robin order, who holds which lease, and its counters. With
+//! [`Tenancy::Namespaced`] the scheduler takes turns between tenants first
+//! (a producer `acme/p1` belongs to tenant `acme`), then between each
+//! tenant's producers.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -27,6 +30,29 @@ impl ProducerKey {
     }
 }
 
+/// How a node's producers fall into tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tenancy {
+    /// One anonymous tenant: a node without token keys, whose producer ids
+    /// are stored as clients give them.
+    Anonymous,
+    /// Producer ids are stored as `tenant/producer` (a node with token
+    /// keys): fairness goes to tenants first.
+    Namespaced,
+}
+
+/// The tenant of a producer stored as `tenant/producer`.
+fn namespaced_tenant(key: &ProducerKey) -> String {
+    key.producer
+        .split_once(crate::auth::TENANT_SEPARATOR)
+        .map_or_else(String::new, |(tenant, _)| tenant.to_owned())
+}
+
+/// The one tenant of a node without token keys.
+fn anonymous_tenant(_: &ProducerKey) -> String {
+    String::new()
+}
+
 /// A delayed message held back until its time, in the dispatcher's timer heap.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct HeldMessage {
@@ -46,7 +72,7 @@ pub(super) struct LeaseKey {
 }
 
 pub(super) struct QueueDispatch {
-    pub scheduler: Scheduler<ProducerKey>,
+    pub scheduler: Scheduler<ProducerKey, String>,
     /// Subscribed consumers; the front is served next.
     pub consumers: VecDeque<ConsumerId>,
     /// Which consumer holds each live lease.
@@ -61,9 +87,13 @@ pub(super) struct QueueDispatch {
 }
 
 impl QueueDispatch {
-    pub fn new(config: SchedulerConfig) -> Self {
+    pub fn new(config: SchedulerConfig, tenancy: Tenancy) -> Self {
+        let tenant_of = match tenancy {
+            Tenancy::Anonymous => anonymous_tenant,
+            Tenancy::Namespaced => namespaced_tenant,
+        };
         Self {
-            scheduler: Scheduler::new(config),
+            scheduler: Scheduler::with_tenants(config, tenant_of),
             consumers: VecDeque::new(),
             holders: HashMap::new(),
             delivered: 0,
