@@ -30,6 +30,7 @@
 //! - No client certificates yet: the client proves nothing about itself.
 
 mod admin;
+mod bearer;
 mod coalesce;
 mod consumer;
 mod retry;
@@ -39,11 +40,10 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_proto::v1;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use crate::bearer::Bearer;
+pub(crate) use crate::bearer::Transport;
 use crate::coalesce::Coalescer;
 use crate::routes::{Routes, host_port};
 
@@ -368,43 +368,6 @@ impl Client {
 fn floret_client(channel: Channel, bearer: &Bearer) -> v1::floret_client::FloretClient<Transport> {
     v1::floret_client::FloretClient::with_interceptor(channel, bearer.clone())
         .max_decoding_message_size(MAX_RESPONSE_BYTES)
-}
-
-/// What every call of a client goes over: a node's channel, with the
-/// client's bearer token added to each call.
-pub(crate) type Transport = InterceptedService<Channel, Bearer>;
-
-/// Adds `authorization: Bearer <token>` to every call, when the client has a token.
-#[derive(Clone)]
-pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Bearer {
-    fn new(token: Option<&str>) -> Result<Self, ClientError> {
-        token
-            .map(|token| {
-                let mut value: MetadataValue<Ascii> = format!("Bearer {}", token.trim())
-                    .parse()
-                    .map_err(|_| ClientError::InvalidToken)?;
-                value.set_sensitive(true);
-                Ok(value)
-            })
-            .transpose()
-            .map(Self)
-    }
-}
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
 }
 
 /// The endpoint of one node, connecting with a timeout and Nagle off,

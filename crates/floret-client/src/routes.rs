@@ -151,7 +151,7 @@ mod tests {
                 let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
                     .expect("valid address")
                     .connect_lazy();
-                let bearer = crate::Bearer::new(None).expect("no token");
+                let bearer = crate::bearer::Bearer::new(None).expect("no token");
                 (
                     (*address).to_owned(),
                     FloretClient::with_interceptor(channel, bearer),

@@ -13,7 +13,8 @@
 //! slot, the front of one tenant ring and of one producer ring (plus a look
 //! over the few tiers in use), so cost does not grow with the number of
 //! producers or tenants; the lease heap adds O(log leases) per dispatch and
-//! per expiry. Settling and expiring leases is `leases.rs`.
+//! per expiry. Settling and expiring leases is `leases.rs`; joining, leaving
+//! and finding the fronts of the rings is `rings.rs`.
 //!
 //! A scheduler made with [`Scheduler::new`] has one tenant, and schedules
 //! exactly as deficit round robin over producers.
@@ -27,48 +28,14 @@ use crate::config::SchedulerConfig;
 use crate::dispatch::Dispatch;
 use crate::lease_heap::{LeaseEntry, LeaseHeap};
 use crate::producer::{ProducerPolicy, ProducerSlot, ProducerView};
-use crate::ring::{Ring, RingEntry};
 use crate::slab::{Slab, SlotId};
 use crate::tenants::Tenants;
+use rings::Tier;
 
 mod leases;
+mod rings;
 #[cfg(test)]
 mod tests;
-
-/// One tenant's place in one tier: its producers there in turn order, and
-/// its own turn among the tier's tenants.
-#[derive(Debug, Clone, Default)]
-struct TenantTurn {
-    /// The tenant's producers in this tier's rings.
-    producers: Ring,
-    /// Credits left in the tenant's current turn.
-    deficit: u32,
-    /// Whether the tenant has a live entry in the tier's tenant ring.
-    in_ring: bool,
-    /// Bumped on every join (and kept across reuses of the tenant's index),
-    /// so entries of earlier stays go stale.
-    ticket: u32,
-}
-
-/// A tenant's place in a tier's tenant ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TenantEntry {
-    tenant: usize,
-    ticket: u32,
-}
-
-/// One priority tier.
-#[derive(Debug, Clone, Default)]
-struct Tier {
-    /// Tenants with a producer in this tier, in turn order.
-    tenants: Ring<TenantEntry>,
-    /// Per tenant index, its place in this tier.
-    turns: Vec<TenantTurn>,
-    /// Producers in this tier's rings, over every tenant.
-    producers: usize,
-    /// Sum of their weights.
-    weight: u64,
-}
 
 /// Fair order and leases for the messages of one queue (on the node leading
 /// its shard); see the crate docs for how the server drives it. `T` is the
@@ -376,70 +343,6 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         self.in_flight
     }
 
-    /// The tier served now, the tenant whose turn it is there, and that
-    /// tenant's producer whose turn it is: the fronts of the highest tier
-    /// with a live entry, dropping stale entries (and drained tiers) on the
-    /// way.
-    fn front_of_rings(&mut self) -> Option<(u32, usize, SlotId)> {
-        let (slots, tenants) = (&self.slots, &self.tenants);
-        let mut drained = false;
-        let mut found = None;
-        for (&priority, tier) in self.tiers.iter_mut().rev() {
-            while let Some(entry) = tier.tenants.front() {
-                let turn = &mut tier.turns[entry.tenant];
-                if !(turn.in_ring && turn.ticket == entry.ticket) {
-                    tier.tenants.drop_stale_front();
-                    continue;
-                }
-                while let Some(producer) = turn.producers.front() {
-                    if slots.get(producer.slot).is_some_and(|slot| {
-                        slot.in_ring
-                            && slot.ticket == producer.ticket
-                            && slot.priority == priority
-                            && slot.tenant == entry.tenant
-                    }) {
-                        found = Some((priority, entry.tenant, producer.slot));
-                        break;
-                    }
-                    turn.producers.drop_stale_front();
-                }
-                if found.is_some() {
-                    break;
-                }
-                turn.in_ring = false;
-                turn.deficit = 0;
-                tier.tenants.leave_front(tenants.weight(entry.tenant));
-            }
-            if found.is_some() {
-                break;
-            }
-            drained |= tier.tenants.entries() == 0;
-        }
-        if drained {
-            self.tiers.retain(|_, tier| tier.tenants.entries() > 0);
-        }
-        found
-    }
-
-    /// A producer of `tenant` with `weight` left tier `priority`'s rings
-    /// (its entry goes stale); the tenant leaves the tier's ring with its
-    /// last producer there.
-    fn producer_left(&mut self, priority: u32, tenant: usize, weight: u32) {
-        let tier = self
-            .tiers
-            .get_mut(&priority)
-            .expect("a producer in a ring has its tier");
-        tier.producers -= 1;
-        tier.weight -= u64::from(weight);
-        let turn = &mut tier.turns[tenant];
-        turn.producers.forget(weight);
-        if turn.producers.members() == 0 {
-            turn.in_ring = false;
-            turn.deficit = 0;
-            tier.tenants.forget(self.tenants.weight(tenant));
-        }
-    }
-
     /// Frees slot `id` and its hold on its tenant.
     fn remove_slot(&mut self, id: SlotId) -> Option<ProducerSlot<K>> {
         let slot = self.slots.remove(id)?;
@@ -453,73 +356,5 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             .get(producer)
             .copied()
             .unwrap_or(self.defaults)
-    }
-
-    /// Puts slot `id` at the back of its tenant's ring in its tier if it
-    /// belongs there and is not in it, and the tenant at the back of the
-    /// tier's ring if it was not in it.
-    fn join_if_eligible(&mut self, id: SlotId) {
-        let Some(slot) = self.slots.get_mut(id) else {
-            return;
-        };
-        if slot.in_ring || !slot.eligible() {
-            return;
-        }
-        slot.in_ring = true;
-        slot.ticket = slot.ticket.wrapping_add(1);
-        let tenant = slot.tenant;
-        let tier = self.tiers.entry(slot.priority).or_default();
-        if tier.turns.len() <= tenant {
-            tier.turns.resize_with(tenant + 1, TenantTurn::default);
-        }
-        let turn = &mut tier.turns[tenant];
-        turn.producers.join(
-            RingEntry {
-                slot: id,
-                ticket: slot.ticket,
-            },
-            slot.weight,
-        );
-        tier.producers += 1;
-        tier.weight += u64::from(slot.weight);
-        if !turn.in_ring {
-            turn.in_ring = true;
-            turn.ticket = turn.ticket.wrapping_add(1);
-            tier.tenants.join(
-                TenantEntry {
-                    tenant,
-                    ticket: turn.ticket,
-                },
-                self.tenants.weight(tenant),
-            );
-        }
-    }
-
-    /// Applies a changed policy to slot `id`: a new tier or a reached
-    /// in-flight limit takes it out of its ring (its entry goes stale), and
-    /// it joins again where it now belongs.
-    fn reschedule(&mut self, id: SlotId, policy: ProducerPolicy) {
-        let Some(slot) = self.slots.get_mut(id) else {
-            return;
-        };
-        let was_in_ring = slot.in_ring;
-        let (old_tier, old_weight, tenant) = (slot.priority, slot.weight, slot.tenant);
-        slot.adopt(policy);
-        if was_in_ring {
-            if slot.priority == old_tier && slot.eligible() {
-                let new_weight = slot.weight;
-                let tier = self
-                    .tiers
-                    .get_mut(&old_tier)
-                    .expect("a producer in a ring has its tier");
-                tier.turns[tenant].producers.reweigh(old_weight, new_weight);
-                tier.weight = tier.weight - u64::from(old_weight) + u64::from(new_weight);
-                return;
-            }
-            slot.in_ring = false;
-            slot.deficit = 0;
-            self.producer_left(old_tier, tenant, old_weight);
-        }
-        self.join_if_eligible(id);
     }
 }

@@ -44,11 +44,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use floret_store::{Command, DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
-use openraft::error::{ClientWriteError, RaftError};
+use floret_store::{DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::lanes::{EntryLanes, Lane, LaneFull, LaneLimits};
+use commit::{commit, not_committed};
+
+mod commit;
 use crate::config::BatchingConfig;
 
 /// Why an operation was not committed.
@@ -107,7 +109,7 @@ pub enum ProposeError {
     },
 }
 
-type Reply = oneshot::Sender<Result<OpReply, ProposeError>>;
+pub(super) type Reply = oneshot::Sender<Result<OpReply, ProposeError>>;
 
 struct Proposal {
     op: Op,
@@ -409,91 +411,5 @@ fn fold(waiting: &mut Proposal, next: Proposal) -> Option<Proposal> {
             None
         }
         op => Some(Proposal { op, ..next }),
-    }
-}
-
-/// Hands `result` to the callers of one operation: each folded caller
-/// gets its own messages' sequences.
-fn answer(mut callers: Vec<(Reply, u64)>, result: OpReply) {
-    if callers.len() == 1 {
-        let (reply, _) = callers.remove(0);
-        let _caller_gone = reply.send(Ok(result));
-        return;
-    }
-    let OpReply::Enqueued {
-        first_sequence,
-        duplicate,
-        ..
-    } = result
-    else {
-        for (reply, _) in callers {
-            let _caller_gone = reply.send(Ok(result.clone()));
-        }
-        return;
-    };
-    let mut next_sequence = first_sequence;
-    for (reply, count) in callers {
-        let own = OpReply::Enqueued {
-            first_sequence: next_sequence,
-            count,
-            duplicate,
-        };
-        next_sequence += count;
-        let _caller_gone = reply.send(Ok(own));
-    }
-}
-
-/// Proposes one entry and answers each of its operations.
-async fn commit(
-    shard: ShardId,
-    raft: Raft,
-    entry: Vec<Proposal>,
-    commit_timeout: Duration,
-    slot: OwnedSemaphorePermit,
-) {
-    let (ops, callers): (Vec<_>, Vec<_>) = entry.into_iter().map(|p| (p.op, p.callers)).unzip();
-    let fail_all = |callers: Vec<Vec<(Reply, u64)>>, error: ProposeError| {
-        for (reply, _) in callers.into_iter().flatten() {
-            let _caller_gone = reply.send(Err(error.clone()));
-        }
-    };
-    let outcome = tokio::time::timeout(commit_timeout, raft.client_write(Command { ops })).await;
-    drop(slot);
-    match outcome {
-        Err(_) => fail_all(callers, not_committed(shard, commit_timeout)),
-        Ok(Ok(response)) => {
-            floret_store::failpoints::crash_if_fires("proposer-before-reply");
-            for (callers, result) in callers.into_iter().zip(response.data.replies) {
-                answer(callers, result);
-            }
-        }
-        Ok(Err(error)) => fail_all(callers, propose_error(shard, error)),
-    }
-}
-
-fn not_committed(shard: ShardId, commit_timeout: Duration) -> ProposeError {
-    ProposeError::Unavailable {
-        shard,
-        reason: format!(
-            "not committed within {commit_timeout:?} (is a majority of its replicas reachable?); the outcome is unknown"
-        ),
-    }
-}
-
-fn propose_error(
-    shard: ShardId,
-    error: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
-) -> ProposeError {
-    match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-            ProposeError::NotLeader {
-                shard,
-                leader: forward.leader_id,
-            }
-        }
-        other => ProposeError::Unavailable {
-            shard,
-            reason: other.to_string(),
-        },
     }
 }
