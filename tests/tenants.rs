@@ -48,6 +48,13 @@ impl Issuer {
             .unwrap()
     }
 
+    /// A node under `dir` that takes tokens signed by this issuer.
+    fn start_node(&self, dir: &Path) -> FloretProcess {
+        let flag = self.token_keys_flag();
+        let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+        FloretProcess::start(&dir.join("node"), &args)
+    }
+
     fn token_keys_flag(&self) -> [String; 2] {
         ["--token-keys".into(), self.public_key.display().to_string()]
     }
@@ -104,14 +111,7 @@ async fn next_settled(consumer: &mut floret_client::Consumer) -> Vec<v1::SettleO
 async fn any_caller_can_act_as_any_tenant_on_a_node_with_token_keys() {
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new(dir.path());
-    let node = FloretProcess::start(
-        &dir.path().join("node"),
-        &issuer
-            .token_keys_flag()
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let node = issuer.start_node(dir.path());
     let address = node.address.as_str();
     let both = [Role::Produce, Role::Consume];
     let acme = as_tenant(
@@ -328,14 +328,7 @@ async fn a_tenants_calls_through_another_node_lose_its_namespace() {
 async fn a_tenant_with_a_hundred_producers_takes_a_hundred_shares() {
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new(dir.path());
-    let node = FloretProcess::start(
-        &dir.path().join("node"),
-        &issuer
-            .token_keys_flag()
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let node = issuer.start_node(dir.path());
     let address = node.address.as_str();
     let produce_only = [Role::Produce];
     let sybil = as_tenant(

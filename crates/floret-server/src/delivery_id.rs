@@ -48,29 +48,52 @@ impl std::str::FromStr for DeliveryId {
     type Err = MalformedDeliveryId;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let malformed = || MalformedDeliveryId(text.to_owned());
-        let mut parts = text.splitn(5, '-');
-        let mut number = || {
-            parts
-                .next()
-                .and_then(|p| p.parse::<u64>().ok())
-                .ok_or_else(malformed)
-        };
-        let shard = ShardId::try_from(number()?).map_err(|_| malformed())?;
-        let sequence = number()?;
-        let attempt = u32::try_from(number()?).map_err(|_| malformed())?;
-        let queue_len = usize::try_from(number()?).map_err(|_| malformed())?;
-        let rest = parts.next().ok_or_else(malformed)?;
-        let (queue, producer) = rest.split_at_checked(queue_len).ok_or_else(malformed)?;
-        if queue.is_empty() || producer.is_empty() || attempt == 0 {
-            return Err(malformed());
-        }
+        let parts =
+            DeliveryIdParts::of(text).ok_or_else(|| MalformedDeliveryId(text.to_owned()))?;
         Ok(Self {
+            shard: parts.shard,
+            queue: parts.queue.to_owned(),
+            producer: parts.producer.to_owned(),
+            sequence: parts.sequence,
+            attempt: parts.attempt,
+        })
+    }
+}
+
+/// The queue a delivery id names, read without copying anything (acks are
+/// checked against their stream's or caller's queues before they are
+/// routed); None when the id is malformed.
+pub fn queue_of(text: &str) -> Option<&str> {
+    DeliveryIdParts::of(text).map(|parts| parts.queue)
+}
+
+/// A delivery id's fields, borrowed from its text.
+struct DeliveryIdParts<'a> {
+    shard: ShardId,
+    sequence: u64,
+    attempt: u32,
+    queue: &'a str,
+    producer: &'a str,
+}
+
+impl<'a> DeliveryIdParts<'a> {
+    fn of(text: &'a str) -> Option<Self> {
+        let mut parts = text.splitn(5, '-');
+        let mut number = || parts.next().and_then(|p| p.parse::<u64>().ok());
+        let shard = ShardId::try_from(number()?).ok()?;
+        let sequence = number()?;
+        let attempt = u32::try_from(number()?).ok()?;
+        let queue_len = usize::try_from(number()?).ok()?;
+        let (queue, producer) = parts.next()?.split_at_checked(queue_len)?;
+        if queue.is_empty() || producer.is_empty() || attempt == 0 {
+            return None;
+        }
+        Some(Self {
             shard,
-            queue: queue.to_owned(),
-            producer: producer.to_owned(),
             sequence,
             attempt,
+            queue,
+            producer,
         })
     }
 }
@@ -89,6 +112,19 @@ mod tests {
             attempt: 3,
         };
         assert_eq!(id.to_string().parse::<DeliveryId>().unwrap(), id);
+    }
+
+    #[test]
+    fn an_ack_is_checked_against_another_queue_than_its_id_names() {
+        let id = DeliveryId {
+            shard: 2,
+            queue: "acme.orders".into(),
+            producer: "acme/p-1".into(),
+            sequence: 9,
+            attempt: 1,
+        };
+        assert_eq!(queue_of(&id.to_string()), Some("acme.orders"));
+        assert_eq!(queue_of("1-2-3-9-qp"), None);
     }
 
     #[test]

@@ -24,11 +24,13 @@
 //! - A request that did not pass [`Authenticate`] is taken as the anonymous
 //!   tenant ([`Caller::of`]); every Floret and Admin service is behind it.
 
+mod authenticate;
 pub mod token;
 
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Status};
 
+pub use authenticate::{Authenticate, Unauthenticated, load_verifier};
 pub use token::{SigningKey, TokenClaims, TokenRefusal, TokenVerifier, VerifyKey};
 
 /// Longest tenant name.
@@ -274,14 +276,14 @@ impl Caller {
         }
     }
 
-    /// The caller of `request`, as [`Authenticate`] left it; anonymous for
-    /// requests that never went through it (in-process tests).
-    pub fn of<T>(request: &Request<T>) -> Self {
+    /// The caller of `request`, as [`Authenticate`] left it (shared, not
+    /// copied per call); anonymous for requests that never went through it.
+    pub fn of<T>(request: &Request<T>) -> std::sync::Arc<Self> {
         request
             .extensions()
-            .get::<Caller>()
+            .get::<std::sync::Arc<Caller>>()
             .cloned()
-            .unwrap_or_else(Self::anonymous)
+            .unwrap_or_else(|| std::sync::Arc::new(Self::anonymous()))
     }
 }
 
@@ -321,153 +323,6 @@ pub(crate) fn count_refusal(reason: &'static str) {
 /// Logs an administrator's action under the `audit` target.
 pub fn audit_admin_action(caller: &Caller, action: &str, detail: &str) {
     tracing::info!(target: "audit", tenant = caller.tenant(), action, detail, "admin action");
-}
-
-/// Most verified tokens remembered; past it the memory starts again empty.
-const MAX_VERIFIED_TOKENS: usize = 4_096;
-
-/// Tokens already verified, with the caller each names: a client sends the
-/// same token on every call, and an Ed25519 check costs about 57 us, a
-/// lookup well under one. Only tokens that verified are kept, so strangers
-/// cannot fill it; an entry is used only until its token's expiry.
-#[derive(Debug, Default)]
-struct VerifiedTokens {
-    callers: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
-}
-
-impl VerifiedTokens {
-    fn get(&self, token: &str, now_unix_s: u64) -> Option<Caller> {
-        let callers = self
-            .callers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        callers
-            .get(token)
-            .filter(|caller| caller.expires_unix_s.is_some_and(|exp| exp > now_unix_s))
-            .cloned()
-    }
-
-    fn insert(&self, token: &str, caller: &Caller) {
-        let mut callers = self
-            .callers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if callers.len() >= MAX_VERIFIED_TOKENS {
-            callers.clear();
-        }
-        callers.insert(token.to_owned(), caller.clone());
-    }
-}
-
-/// The interceptor that names the caller of every Floret and Admin call.
-#[derive(Debug, Clone)]
-pub struct Authenticate {
-    verifier: Option<std::sync::Arc<TokenVerifier>>,
-    verified: std::sync::Arc<VerifiedTokens>,
-}
-
-impl Authenticate {
-    /// Checks tokens against `verifier`; none: every call is anonymous.
-    pub fn new(verifier: Option<TokenVerifier>) -> Self {
-        Self {
-            verifier: verifier.map(std::sync::Arc::new),
-            verified: std::sync::Arc::default(),
-        }
-    }
-
-    /// The caller a request's metadata names, at `now_unix_s`.
-    pub fn caller(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-        now_unix_s: u64,
-    ) -> Result<Caller, Unauthenticated> {
-        let Some(verifier) = &self.verifier else {
-            return Ok(Caller::anonymous());
-        };
-        let header = metadata
-            .get("authorization")
-            .ok_or(Unauthenticated::new("missing", "no authorization metadata: this node needs `authorization: Bearer <token>` on every call (floret --token, FLORET_TOKEN)".into()))?;
-        let text = header.to_str().map_err(|_| {
-            Unauthenticated::new("malformed", "authorization metadata is not ASCII".into())
-        })?;
-        let token = text.strip_prefix("Bearer ").ok_or(Unauthenticated::new(
-            "malformed",
-            "authorization metadata must be `Bearer <token>`".into(),
-        ))?;
-        let token = token.trim();
-        if let Some(caller) = self.verified.get(token, now_unix_s) {
-            return Ok(caller);
-        }
-        let claims = verifier.verify(token, now_unix_s).map_err(|refusal| {
-            Unauthenticated::new(refusal_reason(&refusal), refusal.to_string())
-        })?;
-        let caller =
-            Caller::from_claims(claims).map_err(|why| Unauthenticated::new("claims", why))?;
-        self.verified.insert(token, &caller);
-        Ok(caller)
-    }
-}
-
-impl tonic::service::Interceptor for Authenticate {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let now_unix_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        match self.caller(request.metadata(), now_unix_s) {
-            Ok(caller) => {
-                request.extensions_mut().insert(caller);
-                Ok(request)
-            }
-            Err(refusal) => {
-                tracing::warn!(target: "audit", reason = refusal.reason, message = ?refusal.message, "call refused: not authenticated");
-                count_refusal(refusal.reason);
-                Err(Status::unauthenticated(refusal.message))
-            }
-        }
-    }
-}
-
-/// A call without a token this node takes: UNAUTHENTICATED.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unauthenticated {
-    /// The metric's `reason` label.
-    pub reason: &'static str,
-    /// What was wrong.
-    pub message: String,
-}
-
-impl Unauthenticated {
-    fn new(reason: &'static str, message: String) -> Self {
-        Self { reason, message }
-    }
-}
-
-/// The verifier over the public keys in `paths`; none when there are none
-/// (development mode).
-pub fn load_verifier(paths: &[std::path::PathBuf]) -> Result<Option<TokenVerifier>, String> {
-    if paths.is_empty() {
-        return Ok(None);
-    }
-    let keys = paths
-        .iter()
-        .map(|path| {
-            let text = std::fs::read_to_string(path)
-                .map_err(|error| format!("cannot read token key {}: {error}", path.display()))?;
-            VerifyKey::from_pem(&text)
-                .map_err(|why| format!("token key {} is not usable: {why}", path.display()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(TokenVerifier::new(keys)))
-}
-
-fn refusal_reason(refusal: &TokenRefusal) -> &'static str {
-    match refusal {
-        TokenRefusal::Malformed(_) | TokenRefusal::TooLong { .. } => "malformed",
-        TokenRefusal::Algorithm(_) | TokenRefusal::UnknownKey(_) => "unknown_key",
-        TokenRefusal::BadSignature => "bad_signature",
-        TokenRefusal::Expired { .. } => "expired",
-        TokenRefusal::BadClaims(_) => "claims",
-    }
 }
 
 #[cfg(test)]

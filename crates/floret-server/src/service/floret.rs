@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, fan_in, now_unix_ms};
 use crate::auth::{Caller, Denied, Role};
 use crate::deliver::{SettleCode, SettleKind};
-use crate::delivery_id::DeliveryId;
+use crate::delivery_id;
 use crate::error::RequestError;
 use crate::produce::{ProduceAnswer, ProducePipeline};
 use crate::request::{self, InvalidRequest};
@@ -174,13 +174,11 @@ impl v1::floret_server::Floret for FloretService {
         let caller = Caller::of(&request);
         let ids = request.into_inner().delivery_ids;
         for id in &ids {
-            if let Ok(delivery) = id.parse::<DeliveryId>() {
-                caller
-                    .require(Role::Consume, &delivery.queue)
-                    .map_err(|denied| {
-                        denied.audit(&caller, "Ack");
-                        Status::from(denied)
-                    })?;
+            if let Some(queue) = delivery_id::queue_of(id) {
+                caller.require(Role::Consume, queue).map_err(|denied| {
+                    denied.audit(&caller, "Ack");
+                    Status::from(denied)
+                })?;
             }
         }
         if ids.is_empty() {

@@ -199,34 +199,44 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::DeadLetterIds>,
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
-        let caller = admin_only(&request, "ReplayDeadLetters")?;
-        let request = request.into_inner();
-        audit_admin_action(
-            &caller,
-            "ReplayDeadLetters",
-            &format!("queue {:?}, {} ids", request.queue, request.ids.len()),
-        );
-        self.change_dead_letters(request, true).await
+        self.audited_dead_letter_change(request, true).await
     }
 
     async fn delete_dead_letters(
         &self,
         request: Request<v1::DeadLetterIds>,
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
-        let caller = admin_only(&request, "DeleteDeadLetters")?;
+        self.audited_dead_letter_change(request, false).await
+    }
+}
+
+impl AdminService {
+    /// Replays (`replay`) or deletes dead letters for an administrator,
+    /// logging the action under `audit`.
+    async fn audited_dead_letter_change(
+        &self,
+        request: Request<v1::DeadLetterIds>,
+        replay: bool,
+    ) -> Result<Response<v1::DeadLettersChanged>, Status> {
+        let action = if replay {
+            "ReplayDeadLetters"
+        } else {
+            "DeleteDeadLetters"
+        };
+        let caller = admin_only(&request, action)?;
         let request = request.into_inner();
         audit_admin_action(
             &caller,
-            "DeleteDeadLetters",
+            action,
             &format!("queue {:?}, {} ids", request.queue, request.ids.len()),
         );
-        self.change_dead_letters(request, false).await
+        self.change_dead_letters(request, replay).await
     }
 }
 
 /// The caller of `request` if it is an administrator; PERMISSION_DENIED
 /// (logged and counted) otherwise.
-fn admin_only<T>(request: &Request<T>, method: &str) -> Result<Caller, Status> {
+fn admin_only<T>(request: &Request<T>, method: &str) -> Result<Arc<Caller>, Status> {
     let caller = Caller::of(request);
     caller.require_admin(method).map_err(|denied| {
         denied.audit(&caller, method);

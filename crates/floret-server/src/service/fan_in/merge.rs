@@ -19,7 +19,7 @@ use super::{
     CreditChange, FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources,
 };
 use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
-use crate::delivery_id::DeliveryId;
+use crate::delivery_id;
 use crate::request::{self, InvalidRequest};
 use crate::service::convert;
 use crate::service::credit_split::CreditSplit;
@@ -319,11 +319,10 @@ impl Merge {
                 InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
             );
         }
-        let (own, foreign): (Vec<String>, Vec<String>) =
-            settle.delivery_ids.into_iter().partition(|id| {
-                id.parse::<DeliveryId>()
-                    .map_or(true, |delivery| delivery.queue == self.queue)
-            });
+        let (own, foreign): (Vec<String>, Vec<String>) = settle
+            .delivery_ids
+            .into_iter()
+            .partition(|id| delivery_id::queue_of(id).is_none_or(|queue| queue == self.queue));
         if !foreign.is_empty() {
             tracing::warn!(target: "audit", queue = %self.queue, refused = foreign.len(), "settle refused: deliveries of another queue on this stream");
             crate::auth::count_refusal("queue");
