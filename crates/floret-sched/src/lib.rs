@@ -52,6 +52,7 @@ mod error;
 mod jain;
 mod lease_heap;
 mod producer;
+mod producer_ring;
 mod ring;
 mod scheduler;
 mod slab;

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use crate::error::SettleError;
+use crate::producer_ring::RingLinks;
 use crate::undelivered::Undelivered;
 
 /// How the scheduler treats one producer: its override, or the scheduler's defaults.
@@ -66,11 +67,11 @@ pub(crate) struct ProducerSlot<K> {
     pub(crate) max_in_flight: u32,
     /// Credits left in the current turn.
     pub(crate) deficit: u32,
-    /// Whether the producer has a live entry in its tier's ring; true
+    /// Whether the producer is in its tenant's ring of its tier; true
     /// exactly while it has something ready and is under `max_in_flight`.
     pub(crate) in_ring: bool,
-    /// Bumped on every join, so entries of earlier stays in a ring go stale.
-    pub(crate) ticket: u32,
+    /// Its neighbours in that ring, while it is in it.
+    pub(crate) ring_links: RingLinks,
     /// The index of the producer's tenant (`crate::tenants`).
     pub(crate) tenant: usize,
 }
@@ -89,7 +90,7 @@ impl<K> ProducerSlot<K> {
             max_in_flight: u32::MAX,
             deficit: 0,
             in_ring: false,
-            ticket: 0,
+            ring_links: RingLinks::default(),
             tenant: 0,
         };
         slot.adopt(policy);

@@ -1,29 +1,17 @@
-//! The DRR ring: backlogged members in turn order, the producers of one
-//! tenant in one tier ([`RingEntry`]) or the tenants of one tier.
+//! The DRR ring of the tenants of one tier: backlogged members in turn
+//! order. (The producers of one tenant are a ring threaded through their
+//! slots instead, `producer_ring.rs`.)
 //!
 //! Only the front is ever looked at. A member that leaves the ring anywhere
-//! but at the front (it was forgotten, moved to another tier, or reached its
-//! in-flight limit) leaves its entry behind; the entry's ticket no longer
-//! matches the member's, and the scheduler drops it when it reaches the
-//! front. The counters are exact at all times.
+//! but at the front (its last producer there left) leaves its entry behind;
+//! the entry's ticket no longer matches the member's, and the scheduler
+//! drops it when it reaches the front. The counters are exact at all times.
 
 use std::collections::VecDeque;
 
-use crate::slab::SlotId;
-
-/// One place in the ring: a slot and the ticket it got when it joined, so
-/// an entry left behind by an earlier stay in the ring is told apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RingEntry {
-    /// The producer's slot.
-    pub(crate) slot: SlotId,
-    /// The slot's ticket when it joined.
-    pub(crate) ticket: u32,
-}
-
 /// Turn order plus the totals the cluster level reads.
 #[derive(Debug, Clone)]
-pub(crate) struct Ring<E = RingEntry> {
+pub(crate) struct Ring<E> {
     /// Members in turn order, possibly with stale entries.
     order: VecDeque<E>,
     /// Members really in the ring.

@@ -228,7 +228,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         }
         let empty = slot.is_empty();
         if left_ring {
-            self.producer_left(priority, tenant, weight);
+            self.producer_left(id, priority, tenant, weight);
         }
         if empty {
             self.remove_slot(id);
@@ -249,20 +249,24 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             slot.deficit = slot.weight;
         }
         slot.deficit -= 1;
+        let (eligible, turn_spent, weight) = (slot.eligible(), slot.deficit == 0, slot.weight);
+        let producer = slot.key.clone();
+        if !eligible {
+            slot.in_ring = false;
+            slot.deficit = 0;
+        }
         let tier = self.tiers.get_mut(&tier).expect("front found in this tier");
         let turn = &mut tier.turns[tenant];
         if turn.deficit == 0 {
             turn.deficit = tenant_weight;
         }
         turn.deficit -= 1;
-        if !slot.eligible() {
-            slot.in_ring = false;
-            slot.deficit = 0;
-            turn.producers.leave_front(slot.weight);
+        if !eligible {
+            turn.producers.leave(&mut self.slots, id.position(), weight);
             tier.producers -= 1;
-            tier.weight -= u64::from(slot.weight);
-        } else if slot.deficit == 0 {
-            turn.producers.rotate();
+            tier.weight -= u64::from(weight);
+        } else if turn_spent {
+            turn.producers.rotate(&self.slots);
         }
         if turn.producers.members() == 0 {
             turn.in_ring = false;
@@ -280,7 +284,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             attempt,
         });
         Some(Dispatch {
-            producer: slot.key.clone(),
+            producer,
             sequence,
             attempt,
         })
@@ -294,13 +298,16 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         let Some(id) = self.slots.id_of(producer) else {
             return 0;
         };
-        let Some(slot) = self.remove_slot(id) else {
+        let Some(slot) = self.slots.get_mut(id) else {
             return 0;
         };
-        let leased = slot.in_flight();
         if slot.in_ring {
-            self.producer_left(slot.priority, slot.tenant, slot.weight);
+            slot.in_ring = false;
+            let (priority, tenant, weight) = (slot.priority, slot.tenant, slot.weight);
+            self.producer_left(id, priority, tenant, weight);
         }
+        let slot = self.remove_slot(id).expect("id just looked up");
+        let leased = slot.in_flight();
         self.ready -= slot.ready();
         self.in_flight -= leased;
         self.discard_stale_leases();

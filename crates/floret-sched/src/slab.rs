@@ -28,6 +28,13 @@ struct Entry<K> {
     slot: Option<ProducerSlot<K>>,
 }
 
+impl SlotId {
+    /// The slot's position in the slab.
+    pub(crate) fn position(self) -> usize {
+        self.index
+    }
+}
+
 /// Slots of the producers that hold something.
 #[derive(Debug, Clone)]
 pub(crate) struct Slab<K> {
@@ -37,6 +44,32 @@ pub(crate) struct Slab<K> {
     free: Vec<usize>,
     /// Position of each occupied slot by producer key.
     by_key: HashMap<K, usize>,
+}
+
+impl<K> Slab<K> {
+    /// The id of the occupied slot at `position`.
+    pub(crate) fn id_at(&self, position: usize) -> SlotId {
+        SlotId {
+            index: position,
+            generation: self.entries[position].generation,
+        }
+    }
+
+    /// The occupied slot at `position` (rings link occupied slots only).
+    pub(crate) fn at(&self, position: usize) -> &ProducerSlot<K> {
+        self.entries[position]
+            .slot
+            .as_ref()
+            .expect("a linked position is occupied")
+    }
+
+    /// The occupied slot at `position`, to change.
+    pub(crate) fn at_mut(&mut self, position: usize) -> &mut ProducerSlot<K> {
+        self.entries[position]
+            .slot
+            .as_mut()
+            .expect("a linked position is occupied")
+    }
 }
 
 impl<K: Clone + Eq + Hash> Slab<K> {

@@ -1,14 +1,16 @@
 //! The rings of a scheduler: per priority tier, the tenants with something
 //! to send in turn order, and per tenant its producers in turn order; how a
-//! producer joins them, leaves them, and is found at their fronts. Entries
-//! left behind by a member that left from anywhere but the front go stale
-//! (their ticket no longer matches) and are dropped when they reach it.
+//! producer joins them, leaves them, and is found at their fronts. A
+//! producer leaves its tenant's ring at once, wherever it is; a tenant
+//! leaving from anywhere but the front leaves a stale entry (its ticket no
+//! longer matches), dropped when it reaches the front.
 
 use std::hash::Hash;
 
 use super::Scheduler;
 use crate::producer::ProducerPolicy;
-use crate::ring::{Ring, RingEntry};
+use crate::producer_ring::ProducerRing;
+use crate::ring::Ring;
 use crate::slab::SlotId;
 
 /// One tenant's place in one tier: its producers there in turn order, and
@@ -16,7 +18,7 @@ use crate::slab::SlotId;
 #[derive(Debug, Clone, Default)]
 pub(super) struct TenantTurn {
     /// The tenant's producers in this tier's rings.
-    pub(super) producers: Ring,
+    pub(super) producers: ProducerRing,
     /// Credits left in the tenant's current turn.
     pub(super) deficit: u32,
     /// Whether the tenant has a live entry in the tier's tenant ring.
@@ -52,34 +54,21 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     /// with a live entry, dropping stale entries (and drained tiers) on the
     /// way.
     pub(super) fn front_of_rings(&mut self) -> Option<(u32, usize, SlotId)> {
-        let (slots, tenants) = (&self.slots, &self.tenants);
         let mut drained = false;
         let mut found = None;
         for (&priority, tier) in self.tiers.iter_mut().rev() {
             while let Some(entry) = tier.tenants.front() {
-                let turn = &mut tier.turns[entry.tenant];
+                let turn = &tier.turns[entry.tenant];
                 if !(turn.in_ring && turn.ticket == entry.ticket) {
                     tier.tenants.drop_stale_front();
                     continue;
                 }
-                while let Some(producer) = turn.producers.front() {
-                    if slots.get(producer.slot).is_some_and(|slot| {
-                        slot.in_ring
-                            && slot.ticket == producer.ticket
-                            && slot.priority == priority
-                            && slot.tenant == entry.tenant
-                    }) {
-                        found = Some((priority, entry.tenant, producer.slot));
-                        break;
-                    }
-                    turn.producers.drop_stale_front();
-                }
-                if found.is_some() {
-                    break;
-                }
-                turn.in_ring = false;
-                turn.deficit = 0;
-                tier.tenants.leave_front(tenants.weight(entry.tenant));
+                let front = turn
+                    .producers
+                    .front()
+                    .expect("a tenant in a ring has a producer in it");
+                found = Some((priority, entry.tenant, self.slots.id_at(front)));
+                break;
             }
             if found.is_some() {
                 break;
@@ -92,10 +81,12 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         found
     }
 
-    /// A producer of `tenant` with `weight` left tier `priority`'s rings
-    /// (its entry goes stale); the tenant leaves the tier's ring with its
-    /// last producer there.
-    pub(super) fn producer_left(&mut self, priority: u32, tenant: usize, weight: u32) {
+    /// Slot `id` of `tenant`, whose `in_ring` the caller just cleared,
+    /// leaves that tenant's ring in tier `priority` with `weight` (what it
+    /// joined with); the tenant leaves the tier's ring with its last
+    /// producer there (its entry goes stale). The slot must still be in
+    /// the slab: its neighbours are linked through it.
+    pub(super) fn producer_left(&mut self, id: SlotId, priority: u32, tenant: usize, weight: u32) {
         let tier = self
             .tiers
             .get_mut(&priority)
@@ -103,7 +94,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         tier.producers -= 1;
         tier.weight -= u64::from(weight);
         let turn = &mut tier.turns[tenant];
-        turn.producers.forget(weight);
+        turn.producers.leave(&mut self.slots, id.position(), weight);
         if turn.producers.members() == 0 {
             turn.in_ring = false;
             turn.deficit = 0;
@@ -122,22 +113,15 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             return;
         }
         slot.in_ring = true;
-        slot.ticket = slot.ticket.wrapping_add(1);
-        let tenant = slot.tenant;
+        let (tenant, weight) = (slot.tenant, slot.weight);
         let tier = self.tiers.entry(slot.priority).or_default();
         if tier.turns.len() <= tenant {
             tier.turns.resize_with(tenant + 1, TenantTurn::default);
         }
         let turn = &mut tier.turns[tenant];
-        turn.producers.join(
-            RingEntry {
-                slot: id,
-                ticket: slot.ticket,
-            },
-            slot.weight,
-        );
+        turn.producers.join(&mut self.slots, id.position(), weight);
         tier.producers += 1;
-        tier.weight += u64::from(slot.weight);
+        tier.weight += u64::from(weight);
         if !turn.in_ring {
             turn.in_ring = true;
             turn.ticket = turn.ticket.wrapping_add(1);
@@ -152,7 +136,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     }
 
     /// Applies a changed policy to slot `id`: a new tier or a reached
-    /// in-flight limit takes it out of its ring (its entry goes stale), and
+    /// in-flight limit takes it out of its ring, and
     /// it joins again where it now belongs.
     pub(super) fn reschedule(&mut self, id: SlotId, policy: ProducerPolicy) {
         let Some(slot) = self.slots.get_mut(id) else {
@@ -174,7 +158,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             }
             slot.in_ring = false;
             slot.deficit = 0;
-            self.producer_left(old_tier, tenant, old_weight);
+            self.producer_left(id, old_tier, tenant, old_weight);
         }
         self.join_if_eligible(id);
     }

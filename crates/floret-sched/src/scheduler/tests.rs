@@ -21,13 +21,13 @@ fn order(scheduler: &mut Scheduler<&'static str>, now: Instant, count: usize) ->
         .collect()
 }
 
-/// Entries (stale ones included) in every producer ring of every tier.
-fn producer_ring_entries<T>(scheduler: &Scheduler<&'static str, T>) -> usize {
+/// Producers in every producer ring of every tier.
+fn producer_ring_members<T>(scheduler: &Scheduler<&'static str, T>) -> usize {
     scheduler
         .tiers
         .values()
         .flat_map(|tier| tier.turns.iter())
-        .map(|turn| turn.producers.entries())
+        .map(|turn| turn.producers.members())
         .sum()
 }
 
@@ -94,12 +94,12 @@ fn enqueued_counts_ready_messages_and_backlogged_producers() {
 }
 
 #[test]
-fn enqueue_while_backlogged_does_not_add_a_second_ring_entry() {
+fn enqueue_while_backlogged_does_not_join_the_ring_twice() {
     let mut scheduler = scheduler();
     scheduler.enqueued(&"a", 1..2);
     scheduler.enqueued(&"a", 2..3);
     scheduler.enqueued(&"b", 1..2);
-    assert_eq!(producer_ring_entries(&scheduler), 2);
+    assert_eq!(producer_ring_members(&scheduler), 2);
     assert_eq!(order(&mut scheduler, Instant::now(), 3), "aba");
 }
 
@@ -433,7 +433,7 @@ fn forgotten_producer_turn_passes_to_the_next() {
     scheduler.forget(&"a");
     scheduler.forget(&"nobody");
     assert_eq!(order(&mut scheduler, now, 3), "bbb");
-    assert_eq!(producer_ring_entries(&scheduler), 1);
+    assert_eq!(producer_ring_members(&scheduler), 1);
 }
 
 #[test]
