@@ -3,9 +3,10 @@
 //!
 //! floret-sched owns the in-node level of fairness described in docs/design.md
 //! ("Fairness, two levels"): deficit round robin across the tenants that
-//! have deliverable messages, each getting its tenant weight in messages per
-//! turn, and inside a tenant across its producers, each getting `weight`
-//! messages per turn, in priority tiers (a higher tier first), with an
+//! have deliverable messages, each getting its tenant weight times its
+//! share on this node in messages per turn (a share under a whole is saved
+//! up over turns), and inside a tenant across its producers, each getting
+//! `weight` messages per turn, in priority tiers (a higher tier first), with an
 //! optional limit of leases per producer; plus the delivery leases that turn a missing ack into a
 //! redelivery, and held messages (delayed ones whose time has not come,
 //! which wait outside the ring without holding anyone back).
@@ -42,9 +43,12 @@
 //! - Each tier keeps a turn state per tenant index it has seen, and that
 //!   vector never shrinks either (its length is the peak number of tenants
 //!   holding messages at once).
-//! - A tier change or a lowered in-flight limit leaves a stale ring entry
-//!   behind, dropped when it reaches the front: a producer changing tier
-//!   over and over grows its old ring until that ring is served.
+//! - A tenant whose last producer in a tier leaves from anywhere but the
+//!   front leaves a stale entry in the tier's tenant ring, dropped when it
+//!   reaches the front.
+//! - A decision is O(1) amortised, not worst case, once shares are set: a
+//!   tenant with a share under one message per turn is passed over until
+//!   it has saved a whole one (at most 64 turns, [`MIN_SHARE`]).
 
 mod config;
 mod dispatch;
@@ -65,3 +69,4 @@ pub use error::SettleError;
 pub use jain::jain_index;
 pub use producer::{ProducerPolicy, ProducerView};
 pub use scheduler::Scheduler;
+pub use tenants::{MIN_SHARE, WHOLE_SHARE};

@@ -98,6 +98,11 @@ impl ProducerRing {
     pub(crate) fn members(&self) -> usize {
         self.members
     }
+
+    /// Sum of their weights.
+    pub(crate) fn weight(&self) -> u64 {
+        self.weight
+    }
 }
 
 #[cfg(test)]

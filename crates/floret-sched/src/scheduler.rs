@@ -29,7 +29,7 @@ use crate::dispatch::Dispatch;
 use crate::lease_heap::{LeaseEntry, LeaseHeap};
 use crate::producer::{ProducerPolicy, ProducerSlot, ProducerView};
 use crate::slab::{Slab, SlotId};
-use crate::tenants::Tenants;
+use crate::tenants::{Tenants, WHOLE_MESSAGE};
 use rings::Tier;
 
 mod leases;
@@ -62,6 +62,8 @@ pub struct Scheduler<K, T = ()> {
     ready: u64,
     /// Leased messages over all slots.
     in_flight: u64,
+    /// Changes to the rings' members or their weights ([`Self::ring_changes`]).
+    ring_changes: u64,
 }
 
 /// How producers without an override are scheduled before any policy is set.
@@ -96,6 +98,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
             lease_heap: LeaseHeap::default(),
             ready: 0,
             in_flight: 0,
+            ring_changes: 0,
         }
     }
 
@@ -172,11 +175,57 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         let Some((index, old, new)) = self.tenants.set_weight(tenant, weight) else {
             return;
         };
+        self.ring_changes += 1;
         for tier in self.tiers.values_mut() {
             if tier.turns.get(index).is_some_and(|turn| turn.in_ring) {
                 tier.tenants.reweigh(old, new);
             }
         }
+    }
+
+    /// Each tenant's share of its weight on this node, in parts per million
+    /// ([`WHOLE_SHARE`](crate::WHOLE_SHARE) is all of it): the part of the
+    /// tenant's backlogged producer weight in the cluster that is here, so
+    /// a tenant spread over several nodes gets its weight once over all of
+    /// them. Replaces every earlier share; unlisted tenants get a whole
+    /// share, and shares under [`MIN_SHARE`](crate::MIN_SHARE) count as
+    /// that. A share under one message per turn is saved up over turns, so
+    /// a decision may pass over a few tenants: at most 64 turns of a tenant
+    /// per message. Takes effect from each tenant's next turn.
+    pub fn set_tenant_shares(&mut self, shares: impl IntoIterator<Item = (T, u32)>) {
+        self.tenants.set_shares(shares);
+    }
+
+    /// Per tenant with a producer in a ring: the tenant, the sum of the
+    /// weights of those producers, and the tenant's weight; what a node
+    /// reports so the cluster can compute each tenant's share on it.
+    /// O(tenants in rings).
+    pub fn backlogged_tenant_weights(&self) -> Vec<(T, u64, u32)> {
+        let mut by_tenant: HashMap<usize, u64> = HashMap::new();
+        for tier in self.tiers.values() {
+            for (index, turn) in tier.turns.iter().enumerate() {
+                if turn.in_ring {
+                    *by_tenant.entry(index).or_default() += turn.producers.weight();
+                }
+            }
+        }
+        by_tenant
+            .into_iter()
+            .map(|(index, weight)| {
+                (
+                    self.tenants.key(index).clone(),
+                    weight,
+                    self.tenants.weight(index),
+                )
+            })
+            .collect()
+    }
+
+    /// How many times a producer or tenant joined or left a ring or changed
+    /// weight: while it stays the same, so do the backlogged weights
+    /// ([`Self::backlogged_weight`], [`Self::backlogged_tenant_weights`]).
+    pub fn ring_changes(&self) -> u64 {
+        self.ring_changes
     }
 
     /// Whether it holds nothing a new scheduler would not: no producer with
@@ -257,11 +306,9 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         }
         let tier = self.tiers.get_mut(&tier).expect("front found in this tier");
         let turn = &mut tier.turns[tenant];
-        if turn.deficit == 0 {
-            turn.deficit = tenant_weight;
-        }
-        turn.deficit -= 1;
+        turn.credit -= WHOLE_MESSAGE;
         if !eligible {
+            self.ring_changes += 1;
             turn.producers.leave(&mut self.slots, id.position(), weight);
             tier.producers -= 1;
             tier.weight -= u64::from(weight);
@@ -270,9 +317,9 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         }
         if turn.producers.members() == 0 {
             turn.in_ring = false;
-            turn.deficit = 0;
+            turn.credit = 0;
             tier.tenants.leave_front(tenant_weight);
-        } else if turn.deficit == 0 {
+        } else if turn.credit < WHOLE_MESSAGE {
             tier.tenants.rotate();
         }
         self.ready -= 1;

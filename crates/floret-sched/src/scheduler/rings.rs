@@ -12,6 +12,7 @@ use crate::producer::ProducerPolicy;
 use crate::producer_ring::ProducerRing;
 use crate::ring::Ring;
 use crate::slab::SlotId;
+use crate::tenants::WHOLE_MESSAGE;
 
 /// One tenant's place in one tier: its producers there in turn order, and
 /// its own turn among the tier's tenants.
@@ -19,8 +20,12 @@ use crate::slab::SlotId;
 pub(super) struct TenantTurn {
     /// The tenant's producers in this tier's rings.
     pub(super) producers: ProducerRing,
-    /// Credits left in the tenant's current turn.
-    pub(super) deficit: u32,
+    /// Credit of the tenant in its current turn, in millionths of a message:
+    /// it is granted its quantum at the start of a turn and sends while it
+    /// holds a whole message; what is left under one is kept for its next
+    /// turn (a share under one message is saved up), and dropped when it
+    /// leaves the ring.
+    pub(super) credit: u64,
     /// Whether the tenant has a live entry in the tier's tenant ring.
     pub(super) in_ring: bool,
     /// Bumped on every join (and kept across reuses of the tenant's index),
@@ -54,14 +59,22 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     /// with a live entry, dropping stale entries (and drained tiers) on the
     /// way.
     pub(super) fn front_of_rings(&mut self) -> Option<(u32, usize, SlotId)> {
+        let tenants = &self.tenants;
         let mut drained = false;
         let mut found = None;
         for (&priority, tier) in self.tiers.iter_mut().rev() {
             while let Some(entry) = tier.tenants.front() {
-                let turn = &tier.turns[entry.tenant];
+                let turn = &mut tier.turns[entry.tenant];
                 if !(turn.in_ring && turn.ticket == entry.ticket) {
                     tier.tenants.drop_stale_front();
                     continue;
+                }
+                if turn.credit < WHOLE_MESSAGE {
+                    turn.credit += tenants.quantum(entry.tenant);
+                    if turn.credit < WHOLE_MESSAGE {
+                        tier.tenants.rotate();
+                        continue;
+                    }
                 }
                 let front = turn
                     .producers
@@ -87,6 +100,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     /// producer there (its entry goes stale). The slot must still be in
     /// the slab: its neighbours are linked through it.
     pub(super) fn producer_left(&mut self, id: SlotId, priority: u32, tenant: usize, weight: u32) {
+        self.ring_changes += 1;
         let tier = self
             .tiers
             .get_mut(&priority)
@@ -97,7 +111,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         turn.producers.leave(&mut self.slots, id.position(), weight);
         if turn.producers.members() == 0 {
             turn.in_ring = false;
-            turn.deficit = 0;
+            turn.credit = 0;
             tier.tenants.forget(self.tenants.weight(tenant));
         }
     }
@@ -114,6 +128,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         }
         slot.in_ring = true;
         let (tenant, weight) = (slot.tenant, slot.weight);
+        self.ring_changes += 1;
         let tier = self.tiers.entry(slot.priority).or_default();
         if tier.turns.len() <= tenant {
             tier.turns.resize_with(tenant + 1, TenantTurn::default);
@@ -153,6 +168,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
                     .get_mut(&old_tier)
                     .expect("a producer in a ring has its tier");
                 tier.turns[tenant].producers.reweigh(old_weight, new_weight);
+                self.ring_changes += 1;
                 tier.weight = tier.weight - u64::from(old_weight) + u64::from(new_weight);
                 return;
             }

@@ -844,3 +844,63 @@ fn an_in_flight_limit_takes_the_producer_out_but_not_its_tenant() {
         .collect();
     assert!(after_ack.contains(&"a/strict"), "{after_ack:?}");
 }
+
+#[test]
+fn a_tenant_with_a_third_of_its_backlog_here_gets_a_third_of_its_turns() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a/1", 1..1_000);
+    scheduler.enqueued(&"b/1", 1..1_000);
+    scheduler.set_tenant_shares([("a", crate::WHOLE_SHARE / 3 + 1)]);
+    assert_eq!(tenant_order(&mut scheduler, now, 8), "bbabbbab");
+    let order = tenant_order(&mut scheduler, now, 400);
+    assert_eq!(order.matches('a').count(), 100, "{order}");
+    scheduler.set_tenant_shares([]);
+    assert_eq!(
+        tenant_order(&mut scheduler, now, 4).matches('a').count(),
+        2,
+        "an unlisted tenant goes back to a whole share"
+    );
+}
+
+#[test]
+fn a_share_is_kept_while_its_tenant_holds_nothing() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_tenant_shares([("a", crate::WHOLE_SHARE / 2)]);
+    scheduler.enqueued(&"a/1", 1..100);
+    scheduler.enqueued(&"b/1", 1..100);
+    let order = tenant_order(&mut scheduler, now, 30);
+    assert_eq!(order.matches('a').count(), 10, "{order}");
+}
+
+#[test]
+fn a_tiny_share_still_gets_a_sixty_fourth_and_decisions_end() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.enqueued(&"a/1", 1..1_000);
+    scheduler.enqueued(&"b/1", 1..1_000);
+    scheduler.set_tenant_shares([("a", 1), ("b", 0)]);
+    let order = tenant_order(&mut scheduler, now, 130);
+    assert_eq!(order.len(), 130);
+    assert_eq!(
+        order.matches('a').count(),
+        65,
+        "both at the minimum: {order}"
+    );
+}
+
+#[test]
+fn shares_multiply_tenant_weights() {
+    let mut scheduler = tenant_scheduler();
+    let now = Instant::now();
+    scheduler.set_tenant_weight(&"a", Some(3));
+    scheduler.enqueued(&"a/1", 1..1_000);
+    scheduler.enqueued(&"b/1", 1..1_000);
+    scheduler.set_tenant_shares([("a", crate::WHOLE_SHARE / 3 + 1)]);
+    let order = tenant_order(&mut scheduler, now, 200);
+    assert_eq!(order.matches('a').count(), 100, "{order}");
+    let mut reported = scheduler.backlogged_tenant_weights();
+    reported.sort();
+    assert_eq!(reported, [("a", 1, 3), ("b", 1, 1)]);
+}
