@@ -332,7 +332,7 @@ async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
     assert_eq!(
         status_code(
             client
-                .ack(vec!["3-99-1-7-defaultnobody".into()])
+                .ack(vec!["3-99-1-0000000000000000-7-defaultnobody".into()])
                 .await
                 .unwrap_err()
         ),
@@ -341,7 +341,7 @@ async fn bad_input_gets_a_clear_status_and_the_node_keeps_serving() {
     assert_eq!(
         status_code(
             client
-                .ack(vec!["999-0-1-7-defaultnobody".into()])
+                .ack(vec!["999-0-1-0000000000000000-7-defaultnobody".into()])
                 .await
                 .unwrap_err()
         ),

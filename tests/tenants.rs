@@ -324,6 +324,110 @@ async fn a_tenants_calls_through_another_node_lose_its_namespace() {
     assert_eq!(seen, expected);
 }
 
+/// Swaps the random part of a delivery id (`shard-sequence-attempt-nonce-...`)
+/// for another, as someone guessing ids would.
+fn guessed(delivery_id: &str) -> String {
+    let parts: Vec<&str> = delivery_id.splitn(5, '-').collect();
+    let nonce = u64::from_str_radix(parts[3], 16).unwrap();
+    format!(
+        "{}-{}-{}-{:016x}-{}",
+        parts[0],
+        parts[1],
+        parts[2],
+        nonce ^ 1,
+        parts[4]
+    )
+}
+
+#[tokio::test]
+async fn a_tenant_settles_another_tenants_deliveries_in_a_queue_both_consume() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let flag = issuer.token_keys_flag();
+    let cluster = Cluster::start(
+        dir.path(),
+        3,
+        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let both = [Role::Produce, Role::Consume];
+    let acme_token = issuer.token("acme", &both, &["shared.*"], 600);
+    let globex_token = issuer.token("globex", &both, &["shared.*"], 600);
+    let producers = ["p1", "p2", "p3", "p4", "p5", "p6"];
+    for (index, producer) in producers.iter().enumerate() {
+        as_tenant(&cluster.address(1 + index as u64 % 3), &acme_token)
+            .produce("shared.jobs", producer, message(producer))
+            .await
+            .unwrap();
+    }
+    // acme consumes through node 2: the messages come from every leader.
+    let acme = as_tenant(&cluster.address(2), &acme_token);
+    let mut acme_stream = acme.consume("shared.jobs", 100).await.unwrap();
+    let mut ids = Vec::new();
+    while ids.len() < producers.len() {
+        ids.push(next_delivery(&mut acme_stream).await.delivery_id);
+    }
+
+    // globex may consume the queue, but not settle what acme was given:
+    // not through Ack on any node, nor on a stream of its own (with no
+    // credits, so it gets nothing itself), nor by guessing an id.
+    for node in 1..=3 {
+        let globex = as_tenant(&cluster.address(node), &globex_token);
+        for id in &ids {
+            assert_eq!(
+                code(globex.ack(vec![id.clone()]).await),
+                Code::PermissionDenied,
+                "globex acked {id} through node {node}"
+            );
+        }
+    }
+    let globex = as_tenant(&cluster.address(3), &globex_token);
+    let mut globex_stream = globex.consume("shared.jobs", 0).await.unwrap();
+    globex_stream.nack(ids.clone()).await.unwrap();
+    let outcomes = next_settled(&mut globex_stream).await;
+    assert_eq!(outcomes.len(), ids.len());
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| outcome.code == Code::PermissionDenied as i32),
+        "globex's stream settled acme's deliveries: {outcomes:?}"
+    );
+    let guesses: Vec<String> = ids.iter().map(|id| guessed(id)).collect();
+    acme_stream.ack(guesses).await.unwrap();
+    let outcomes = next_settled(&mut acme_stream).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| outcome.code == Code::NotFound as i32),
+        "a guessed id settled a delivery: {outcomes:?}"
+    );
+
+    // Another stream of acme's own cannot settle them either; acme's Ack,
+    // through any node, can.
+    let mut second_stream = acme.consume("shared.jobs", 0).await.unwrap();
+    second_stream.ack(ids.clone()).await.unwrap();
+    let outcomes = next_settled(&mut second_stream).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| outcome.code == Code::PermissionDenied as i32),
+        "another stream settled them: {outcomes:?}"
+    );
+    let acme_elsewhere = as_tenant(&cluster.address(1), &acme_token);
+    acme_elsewhere.ack(ids).await.unwrap();
+    let stats = as_tenant(&cluster.address(1), &acme_token)
+        .queue_stats("shared.jobs")
+        .await
+        .unwrap();
+    let left: u64 = stats
+        .queues
+        .iter()
+        .map(|queue| queue.backlog_messages)
+        .sum();
+    assert_eq!(left, 0, "acme's acks removed its messages");
+    assert!(globex.serving().await.unwrap());
+}
+
 #[tokio::test]
 async fn a_tenant_with_a_hundred_producers_takes_a_hundred_shares() {
     let dir = tempfile::tempdir().unwrap();
@@ -383,5 +487,86 @@ async fn a_tenant_with_a_hundred_producers_takes_a_hundred_shares() {
     assert!(
         jain >= 0.95,
         "its producers share its half evenly: Jain {jain}"
+    );
+}
+
+/// Jain's index of `counts`: 1 when all are equal.
+fn jain(counts: &[f64]) -> f64 {
+    counts.iter().sum::<f64>().powi(2)
+        / (counts.len() as f64 * counts.iter().map(|n| n * n).sum::<f64>())
+}
+
+#[tokio::test]
+async fn a_tenant_spread_over_three_nodes_takes_a_share_from_each() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let flag = issuer.token_keys_flag();
+    let cluster = Cluster::start(
+        dir.path(),
+        3,
+        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let produce_only = [Role::Produce];
+    let sybil_token = issuer.token("sybil", &produce_only, &["shared.*"], 600);
+    let honest_token = issuer.token("honest", &produce_only, &["shared.*"], 600);
+    let batch = |count: usize, tag: &str| -> Vec<Message> {
+        (0..count).flat_map(|_| message(tag)).collect()
+    };
+    // sybil: 100 producers, spread over the shards of all three nodes;
+    // honest: one producer. Both keep a backlog for the whole run.
+    for producer in 0..100u64 {
+        as_tenant(&cluster.address(1 + producer % 3), &sybil_token)
+            .produce("shared.q", &format!("p{producer}"), batch(30, "s"))
+            .await
+            .unwrap();
+    }
+    let honest = as_tenant(&cluster.address(2), &honest_token);
+    for _ in 0..30 {
+        honest
+            .produce("shared.q", "only", batch(100, "h"))
+            .await
+            .unwrap();
+    }
+
+    // One consumer through node 1, about 300 deliveries a second, for two
+    // windows of 5 s.
+    const WINDOW: Duration = Duration::from_secs(5);
+    let sink = as_tenant(
+        &cluster.address(1),
+        &issuer.token("sink", &[Role::Consume], &["shared.*"], 600),
+    );
+    let mut consumer = sink.consume("shared.q", 32).await.unwrap();
+    let mut windows: Vec<std::collections::BTreeMap<String, usize>> = vec![Default::default(); 2];
+    let mut per_sybil_producer: std::collections::BTreeMap<String, f64> = Default::default();
+    let started = std::time::Instant::now();
+    while started.elapsed() < 2 * WINDOW {
+        let delivery = next_delivery(&mut consumer).await;
+        let window = (started.elapsed().as_millis() / WINDOW.as_millis()) as usize;
+        let (tenant, producer) = delivery.producer_id.split_once('/').unwrap();
+        if let Some(counts) = windows.get_mut(window) {
+            *counts.entry(tenant.to_owned()).or_default() += 1;
+        }
+        if tenant == "sybil" {
+            *per_sybil_producer.entry(producer.to_owned()).or_default() += 1.0;
+        }
+        consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+        consumer.credit(1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    for (index, counts) in windows.iter().enumerate() {
+        let total: usize = counts.values().sum();
+        let sybil_share = counts.get("sybil").copied().unwrap_or(0) as f64 / total as f64;
+        assert!(
+            (0.45..=0.55).contains(&sybil_share),
+            "window {index}: each tenant gets half, however many producers it opens on however many nodes: {counts:?}"
+        );
+    }
+    let counts: Vec<f64> = per_sybil_producer.values().copied().collect();
+    assert_eq!(counts.len(), 100, "every one of its producers was served");
+    let index = jain(&counts);
+    assert!(
+        index >= 0.95,
+        "its producers share its half evenly: Jain {index}"
     );
 }

@@ -10,7 +10,7 @@ use floret_store::{NodeId, Op, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use proptest::prelude::*;
 
-use crate::delivery_id::DeliveryId;
+use crate::delivery_id::DeliveryTicket;
 use crate::raft_inputs::{self, SnapshotChunks};
 
 fn config() -> ProptestConfig {
@@ -51,7 +51,7 @@ proptest! {
 
     #[test]
     fn delivery_id_parser_never_panics(text in ".{0,80}", digits in "[0-9-]{0,40}[a-z]{0,8}") {
-        let _ = text.parse::<DeliveryId>();
-        let _ = digits.parse::<DeliveryId>();
+        let _ = text.parse::<DeliveryTicket>();
+        let _ = digits.parse::<DeliveryTicket>();
     }
 }

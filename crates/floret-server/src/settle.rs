@@ -27,8 +27,10 @@ use floret_cluster::Shards;
 use floret_proto::peer::v1::PeerSettleRequest;
 use floret_store::{DeadLetterReason, Discard, Discarded, MessageRef, NodeId, Op, ShardId};
 
-use crate::deliver::{DispatcherHandle, DispatcherStopped, SettleCode, SettleKind, SettleOutcome};
-use crate::delivery_id::DeliveryId;
+use crate::deliver::{
+    DispatcherHandle, DispatcherStopped, SettleCode, SettleKind, SettleOutcome, SettledBy,
+};
+use crate::delivery_id::{DeliveryId, DeliveryTicket};
 use crate::produce::proposer::Proposers;
 use crate::router::ShardRouter;
 use crate::service::convert;
@@ -60,20 +62,25 @@ impl Settler {
         }
     }
 
-    /// One outcome per id, in order; malformed ids are INVALID_ARGUMENT.
+    /// One outcome per id, in order, settled on behalf of `by`; malformed
+    /// ids are INVALID_ARGUMENT, deliveries `by` was not given
+    /// PERMISSION_DENIED (audited here, where the caller is).
     pub async fn settle(
         &self,
         kind: SettleKind,
         ids: Vec<String>,
+        by: &SettledBy,
     ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
         let node_id = self.shards.node_id();
         let mut by_node: BTreeMap<NodeId, (Vec<String>, Vec<usize>)> = BTreeMap::new();
         let total = ids.len();
         let shard_count = self.shards.placement().shard_count();
         for (index, text) in ids.into_iter().enumerate() {
-            let node = match text.parse::<DeliveryId>() {
-                Ok(id) if id.shard < shard_count && !self.shards.leads(id.shard) => {
-                    self.shards.route(id.shard)
+            let node = match text.parse::<DeliveryTicket>() {
+                Ok(ticket)
+                    if ticket.id.shard < shard_count && !self.shards.leads(ticket.id.shard) =>
+                {
+                    self.shards.route(ticket.id.shard)
                 }
                 _ => node_id,
             };
@@ -85,9 +92,9 @@ impl Settler {
         let settled = futures::future::join_all(by_node.into_iter().map(
             |(node, (texts, indexes))| async move {
                 let result = if node == node_id {
-                    self.settle_here(kind, texts).await
+                    self.settle_here(kind, texts, by).await
                 } else {
-                    Ok(self.settle_on(node, kind, texts).await)
+                    Ok(self.settle_on(node, kind, texts, by).await)
                 };
                 (indexes, result)
             },
@@ -98,23 +105,27 @@ impl Settler {
                 outcomes[index] = Some(outcome);
             }
         }
-        Ok(outcomes
+        let outcomes: Vec<SettleOutcome> = outcomes
             .into_iter()
             .map(|outcome| outcome.expect("every id got an outcome"))
-            .collect())
+            .collect();
+        audit_refusals(&outcomes, by);
+        Ok(outcomes)
     }
 
-    /// Settles ids of shards this node leads (the leases are here).
+    /// Settles ids of shards this node leads (the leases are here) on
+    /// behalf of `by`.
     pub async fn settle_here(
         &self,
         kind: SettleKind,
         ids: Vec<String>,
+        by: &SettledBy,
     ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
         let parsed = ids
             .into_iter()
-            .map(|id| id.parse::<DeliveryId>().map_err(|_| id))
+            .map(|id| id.parse::<DeliveryTicket>().map_err(|_| id))
             .collect();
-        let mut outcomes = self.dispatcher.settle(kind, parsed).await?;
+        let mut outcomes = self.dispatcher.settle(kind, parsed, by.clone()).await?;
         let mut removals: BTreeMap<ShardId, (Vec<_>, Vec<usize>)> = BTreeMap::new();
         let mut acked: Vec<Option<DeliveryId>> = vec![None; outcomes.len()];
         for (index, outcome) in outcomes.iter_mut().enumerate() {
@@ -188,11 +199,13 @@ impl Settler {
         node: NodeId,
         kind: SettleKind,
         ids: Vec<String>,
+        by: &SettledBy,
     ) -> Vec<SettleOutcome> {
         let request = PeerSettleRequest {
             ack: kind == SettleKind::Ack,
             delivery_ids: ids.clone(),
             dead_letter: kind == SettleKind::DeadLetter,
+            settled_by: Some(convert::settled_by_to_wire(by)),
         };
         let answer = self.router.settle_on(node, request).await;
         match answer {
@@ -210,6 +223,24 @@ impl Settler {
             Err(error) => unreachable_outcomes(ids, node, error.why()),
         }
     }
+}
+
+/// Logs and counts the deliveries `by` tried to settle without having been
+/// given them.
+fn audit_refusals(outcomes: &[SettleOutcome], by: &SettledBy) {
+    let refused = outcomes
+        .iter()
+        .filter(|outcome| outcome.code == SettleCode::PermissionDenied)
+        .count();
+    if refused == 0 {
+        return;
+    }
+    let (tenant, on) = match by {
+        SettledBy::Stream(owner) => (&owner.tenant, "its consume stream"),
+        SettledBy::Tenant(tenant) => (tenant, "Ack"),
+    };
+    tracing::warn!(target: "audit", tenant = %tenant, refused, through = on, "settle refused: deliveries made to another stream or tenant");
+    crate::auth::count_refusal("delivery");
 }
 
 fn unreachable_outcomes(ids: Vec<String>, node: NodeId, why: &str) -> Vec<SettleOutcome> {

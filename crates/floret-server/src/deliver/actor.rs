@@ -102,9 +102,10 @@ impl Dispatcher {
                 credits,
                 events,
                 for_peer,
+                owner,
                 reply,
             } => {
-                let id = book.subscribe(&queue, credits, events, for_peer, now);
+                let id = book.subscribe(&queue, credits, events, for_peer, owner, now);
                 let _caller_gone = reply.send(id);
             }
             DispatcherCommand::Credit {
@@ -112,8 +113,16 @@ impl Dispatcher {
                 credits,
                 replace,
             } => book.credit(consumer, credits, replace, now),
-            DispatcherCommand::Settle { kind, ids, reply } => {
-                let _caller_gone = reply.send(book.settle(kind, ids, now));
+            DispatcherCommand::TenantShares { consumer, shares } => {
+                book.tenant_shares(consumer, shares, now)
+            }
+            DispatcherCommand::Settle {
+                kind,
+                ids,
+                by,
+                reply,
+            } => {
+                let _caller_gone = reply.send(book.settle(kind, ids, &by, now));
             }
             DispatcherCommand::RemovalCommitted { ids, acked } => {
                 book.removal_committed(&ids, acked, now)

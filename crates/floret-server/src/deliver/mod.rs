@@ -29,15 +29,17 @@
 mod actor;
 pub mod book;
 pub mod fairness;
+pub mod owner;
 use std::collections::HashMap;
 
 use floret_store::records::StoredMessage;
 use floret_store::{AppliedEvent, ShardId};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::delivery_id::DeliveryId;
+use crate::delivery_id::{DeliveryId, DeliveryTicket};
 
 pub(crate) use actor::{channel, spawn};
+pub use owner::{SettledBy, StreamKey, StreamOwner};
 
 /// Names a consumer stream for the dispatcher.
 pub type ConsumerId = u64;
@@ -46,7 +48,7 @@ pub type ConsumerId = u64;
 #[derive(Debug, Clone)]
 pub struct Delivered {
     /// How the consumer names this delivery when it settles it.
-    pub id: DeliveryId,
+    pub ticket: DeliveryTicket,
     /// The message as stored.
     pub message: StoredMessage,
 }
@@ -71,6 +73,8 @@ pub enum SettleCode {
     InvalidArgument,
     /// No such shard or message, or no replica here.
     NotFound,
+    /// The caller did not get this delivery (another stream, another tenant).
+    PermissionDenied,
     /// The lease is not live: it lapsed, was settled, or its leader changed.
     FailedPrecondition,
     /// The shard could not be read or its leader reached: try again.
@@ -98,9 +102,41 @@ pub enum ConsumerEvent {
     Delivery(Box<Delivered>),
     /// Outcomes of acks or nacks sent on the stream.
     Settled(Vec<SettleOutcome>),
-    /// The backlogged weight of the consumer's queue on this node: sent at
-    /// subscribe and when it changes, so a merge splits credits by it.
-    Backlog(u64),
+    /// The backlog of the consumer's queue on this node: sent at subscribe
+    /// and when it changes, so a merge splits credits by it.
+    Backlog(BacklogReport),
+}
+
+/// What a node tells the merges of a queue's consumers about the queue's
+/// backlog in the shards it leads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BacklogReport {
+    /// The sum of the weights of the backlogged producers.
+    pub weight: u64,
+    /// Per backlogged tenant, by name; empty on a node without token keys
+    /// (one anonymous tenant, whose producer weight is `weight`).
+    pub tenants: Vec<TenantBacklog>,
+}
+
+/// One backlogged tenant of a queue on one node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TenantBacklog {
+    /// The tenant.
+    pub tenant: String,
+    /// The sum of the weights of its backlogged producers on this node.
+    pub producer_weight: u64,
+    /// The tenant's weight.
+    pub weight: u32,
+}
+
+/// A tenant's share of its weight on one node, in parts per million of
+/// [`floret_sched::WHOLE_SHARE`]: what a merge tells each node it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantShare {
+    /// The tenant.
+    pub tenant: String,
+    /// Its share.
+    pub share: u32,
 }
 
 /// Delivery counters of one queue on this node.
@@ -152,6 +188,7 @@ pub(crate) enum DispatcherCommand {
         credits: u32,
         events: mpsc::UnboundedSender<ConsumerEvent>,
         for_peer: bool,
+        owner: StreamOwner,
         reply: oneshot::Sender<ConsumerId>,
     },
     Credit {
@@ -159,9 +196,14 @@ pub(crate) enum DispatcherCommand {
         credits: u32,
         replace: bool,
     },
+    TenantShares {
+        consumer: ConsumerId,
+        shares: Vec<TenantShare>,
+    },
     Settle {
         kind: SettleKind,
-        ids: Vec<Result<DeliveryId, String>>,
+        ids: Vec<Result<DeliveryTicket, String>>,
+        by: SettledBy,
         reply: oneshot::Sender<Vec<SettleOutcome>>,
     },
     RemovalCommitted {
@@ -205,13 +247,15 @@ impl DispatcherHandle {
 
     /// Registers a consumer stream on `queue` with its first credits;
     /// `for_peer` when it feeds another node's merged consumer (such streams
-    /// are not counted as consumers, the merged one is, where it connected).
+    /// are not counted as consumers, the merged one is, where it connected);
+    /// `owner` is the consumer's stream, which alone settles what it gets.
     pub async fn subscribe(
         &self,
         queue: String,
         credits: u32,
         events: mpsc::UnboundedSender<ConsumerEvent>,
         for_peer: bool,
+        owner: StreamOwner,
     ) -> Result<ConsumerId, DispatcherStopped> {
         let (reply, id) = oneshot::channel();
         self.send(DispatcherCommand::Subscribe {
@@ -219,6 +263,7 @@ impl DispatcherHandle {
             credits,
             events,
             for_peer,
+            owner,
             reply,
         })?;
         id.await.map_err(|_| DispatcherStopped)
@@ -243,14 +288,33 @@ impl DispatcherHandle {
         })
     }
 
-    /// Acks or nacks deliveries; ids that did not parse are answered INVALID_ARGUMENT.
+    /// The tenants' shares on this node of the queue `consumer` reads, as
+    /// the merge that consumer feeds computed them from every node's
+    /// backlog; tenants left out get a whole share.
+    pub fn tenant_shares(
+        &self,
+        consumer: ConsumerId,
+        shares: Vec<TenantShare>,
+    ) -> Result<(), DispatcherStopped> {
+        self.send(DispatcherCommand::TenantShares { consumer, shares })
+    }
+
+    /// Acks or nacks deliveries on behalf of `by`; ids that did not parse
+    /// are answered INVALID_ARGUMENT, and those `by` was not given
+    /// PERMISSION_DENIED.
     pub async fn settle(
         &self,
         kind: SettleKind,
-        ids: Vec<Result<DeliveryId, String>>,
+        ids: Vec<Result<DeliveryTicket, String>>,
+        by: SettledBy,
     ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
         let (reply, outcomes) = oneshot::channel();
-        self.send(DispatcherCommand::Settle { kind, ids, reply })?;
+        self.send(DispatcherCommand::Settle {
+            kind,
+            ids,
+            by,
+            reply,
+        })?;
         outcomes.await.map_err(|_| DispatcherStopped)
     }
 

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
 use crate::auth::{Caller, Denied, Role};
-use crate::deliver::{SettleCode, SettleKind};
+use crate::deliver::{SettleCode, SettleKind, SettledBy, StreamKey, StreamOwner};
 use crate::delivery_id;
 use crate::error::RequestError;
 use crate::produce::{ProduceAnswer, ProducePipeline};
@@ -160,7 +160,19 @@ impl v1::floret_server::Floret for FloretService {
             Status::from(denied)
         })?;
         let (outbound, responses) = fan_in::channel();
-        fan_in::serve(self.sources.clone(), queue, credits, inbound, outbound).await?;
+        let owner = StreamOwner {
+            tenant: caller.tenant().into(),
+            stream: StreamKey::random(),
+        };
+        fan_in::serve(
+            self.sources.clone(),
+            queue,
+            credits,
+            owner,
+            inbound,
+            outbound,
+        )
+        .await?;
         match caller.expires_unix_s() {
             Some(expires_unix_s) => Ok(Response::new(ending_at_expiry(responses, expires_unix_s))),
             None => Ok(Response::new(responses)),
@@ -188,7 +200,11 @@ impl v1::floret_server::Floret for FloretService {
         let outcomes = self
             .sources
             .settler
-            .settle(SettleKind::Ack, ids)
+            .settle(
+                SettleKind::Ack,
+                ids,
+                &SettledBy::Tenant(caller.tenant().into()),
+            )
             .await
             .map_err(Status::from)?;
         let failed: Vec<_> = outcomes

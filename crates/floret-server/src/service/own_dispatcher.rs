@@ -2,7 +2,8 @@
 //! served on the peer port to a node that merges every node's dispatcher
 //! for one of its consumers (`fan_in/peer_source.rs` is the other end).
 //! Credits, acks and nacks arrive on the stream; `Credit.set` lets the
-//! merging node move the consumer's credits to where the backlog is.
+//! merging node move the consumer's credits to where the backlog is, and
+//! `TenantShares` tells this node each tenant's share of its weight here.
 //! Going out: deliveries, settle outcomes, and this node's backlogged
 //! weight for the queue when it changes and again every
 //! [`BACKLOG_HEARTBEAT`], so the merging node knows the stream is alive
@@ -13,8 +14,7 @@
 //!   credits yet.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use floret_proto::peer::v1::PeerConsumeResponse;
@@ -26,7 +26,9 @@ use tonic::{Status, Streaming};
 
 use super::floret::read_subscribe;
 use super::{convert, fan_in};
-use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::deliver::{
+    BacklogReport, ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind, SettledBy,
+};
 use crate::request::{self, InvalidRequest};
 use crate::settle::Settler;
 
@@ -41,27 +43,33 @@ pub type PeerConsumeStream =
 /// its first request must be a subscribe.
 pub(crate) async fn serve(
     sources: &fan_in::Sources,
-    mut inbound: Streaming<v1::ConsumeRequest>,
+    request: tonic::Request<Streaming<v1::ConsumeRequest>>,
 ) -> Result<PeerConsumeStream, Status> {
+    let owner = convert::stream_owner_from_metadata(request.metadata())?;
+    let mut inbound = request.into_inner();
     let (queue, credits) = read_subscribe(&mut inbound).await?;
     let (events, deliveries) = mpsc::unbounded_channel();
     let (failures, failed) = mpsc::unbounded_channel::<Status>();
     let (finished, stopped) = oneshot::channel::<()>();
     let consumer = sources
         .dispatcher
-        .subscribe(queue, credits, events.clone(), true)
+        .subscribe(queue, credits, events.clone(), true, owner.clone())
         .await
         .map_err(Status::from)?;
     let (dispatcher, settler) = (sources.dispatcher.clone(), sources.settler.clone());
     tokio::spawn(async move {
-        read_consumer_requests(inbound, consumer, dispatcher, settler, events, failures).await;
+        let on_stream = StreamSettler {
+            settler,
+            by: SettledBy::Stream(owner),
+        };
+        read_consumer_requests(inbound, consumer, dispatcher, on_stream, events, failures).await;
         let _stream_gone = finished.send(());
     });
-    let last_weight = Arc::new(AtomicU64::new(0));
-    let reported = last_weight.clone();
+    let last_report = Arc::new(Mutex::new(BacklogReport::default()));
+    let reported = last_report.clone();
     let events = UnboundedReceiverStream::new(deliveries).map(move |event| {
-        if let ConsumerEvent::Backlog(weight) = event {
-            reported.store(weight, Ordering::Relaxed);
+        if let ConsumerEvent::Backlog(report) = &event {
+            *reported.lock().expect("the report lock is never poisoned") = report.clone();
         }
         Ok(convert::peer_consume_response(event))
     });
@@ -70,9 +78,12 @@ pub(crate) async fn serve(
         Some(((), ()))
     })
     .map(move |()| {
-        let weight = last_weight.load(Ordering::Relaxed);
+        let report = last_report
+            .lock()
+            .expect("the report lock is never poisoned")
+            .clone();
         Ok(convert::peer_consume_response(ConsumerEvent::Backlog(
-            weight,
+            report,
         )))
     })
     .take_until(stopped);
@@ -89,7 +100,7 @@ async fn read_consumer_requests(
     mut inbound: Streaming<v1::ConsumeRequest>,
     consumer: ConsumerId,
     dispatcher: DispatcherHandle,
-    settler: Settler,
+    settler: StreamSettler,
     events: mpsc::UnboundedSender<ConsumerEvent>,
     failures: mpsc::UnboundedSender<Status>,
 ) {
@@ -109,6 +120,9 @@ async fn read_consumer_requests(
             Some(consume_request::Request::Credit(credit)) => request::credits(credit.credits)
                 .map_err(Status::from)
                 .and_then(|credits| dispatcher.credit(consumer, credits).map_err(Status::from)),
+            Some(consume_request::Request::TenantShares(shares)) => dispatcher
+                .tenant_shares(consumer, convert::tenant_shares_from_wire(shares))
+                .map_err(Status::from),
             Some(consume_request::Request::Ack(settle)) => request::settle_kind(false, &settle)
                 .map_err(Status::from)
                 .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
@@ -129,10 +143,16 @@ async fn read_consumer_requests(
     dispatcher.consumer_gone(consumer);
 }
 
+/// Settles what arrives on one stream, as that stream's consumer.
+struct StreamSettler {
+    settler: Settler,
+    by: SettledBy,
+}
+
 /// Settles in its own task, so a consumer's next requests are read while
 /// its acks commit; the outcomes come back on the stream.
 fn settle_on_stream(
-    settler: &Settler,
+    settler: &StreamSettler,
     kind: SettleKind,
     settle: v1::Settle,
     events: &mpsc::UnboundedSender<ConsumerEvent>,
@@ -142,9 +162,10 @@ fn settle_on_stream(
             InvalidRequest::Malformed("an ack or nack needs at least one delivery_id").into(),
         );
     }
-    let (settler, events) = (settler.clone(), events.clone());
+    let (by, events) = (settler.by.clone(), events.clone());
+    let settler = settler.settler.clone();
     tokio::spawn(async move {
-        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids).await {
+        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids, &by).await {
             let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
         }
     });

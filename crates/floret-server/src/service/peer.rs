@@ -323,7 +323,11 @@ impl Peer for PeerService {
             .this_node
             .sources
             .settler
-            .settle_here(kind, request.delivery_ids)
+            .settle_here(
+                kind,
+                request.delivery_ids,
+                &convert::settled_by_from_wire(request.settled_by),
+            )
             .await
             .map_err(|e| Status::from(RequestError::unavailable(e.to_string())))?;
         Ok(Response::new(v1::PeerSettleResponse {
@@ -404,7 +408,7 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<floret_proto::v1::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        own_dispatcher::serve(&self.this_node.sources, request.into_inner())
+        own_dispatcher::serve(&self.this_node.sources, request)
             .await
             .map(Response::new)
     }

@@ -47,7 +47,8 @@ pub use contents::{ReadError, ShardContents, StoredBacklog};
 pub use queue::Tenancy;
 use queue::{HeldMessage, LeaseKey, ProducerKey, QueueDispatch};
 
-use super::{ConsumerEvent, ConsumerId};
+use super::owner::DeliveryNonces;
+use super::{ConsumerEvent, ConsumerId, StreamOwner};
 use crate::delivery_id::DeliveryId;
 
 /// The time of an event, on both clocks the book needs: the monotonic one
@@ -101,6 +102,8 @@ struct Consumer<C> {
     held: HashSet<LeaseKey>,
     /// A peer's stream feeding a consumer it merges (not counted as a consumer).
     for_peer: bool,
+    /// The consumer's stream and tenant, which alone settle what it holds.
+    owner: StreamOwner,
 }
 
 /// The node's delivery state; see the module doc.
@@ -120,6 +123,8 @@ pub struct DispatchBook<S, C> {
     outbox: Outbox,
     /// When the next round of backlog reports may go out, after one went.
     backlog_report_due: Option<Instant>,
+    /// The random parts of delivery ids.
+    nonces: DeliveryNonces,
 }
 
 impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
@@ -137,6 +142,7 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             held: BinaryHeap::new(),
             outbox: Outbox::default(),
             backlog_report_due: None,
+            nonces: DeliveryNonces::random(),
         }
     }
 
@@ -220,14 +226,16 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     }
 
     /// Registers a consumer stream on `queue` with its first credits;
-    /// `for_peer` when it feeds another node's merged consumer. Its first
-    /// event is the queue's backlog report.
+    /// `for_peer` when it feeds another node's merged consumer; `owner` is
+    /// the consumer's stream, which alone settles what it is delivered. Its
+    /// first event is the queue's backlog report.
     pub fn subscribe(
         &mut self,
         queue: &str,
         credits: u32,
         channel: C,
         for_peer: bool,
+        owner: StreamOwner,
         now: Now,
     ) -> ConsumerId {
         let id = self.next_consumer;
@@ -243,6 +251,7 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                 channel,
                 held: HashSet::new(),
                 for_peer,
+                owner,
             },
         );
         self.queue(&queue).consumers.push_back(id);

@@ -12,10 +12,10 @@ use floret_store::policy::{Expiry, Policy};
 use floret_store::records::StoredMessage;
 use floret_store::{DeadLetterReason, Discarded, MessageRef, ShardId};
 
-use super::queue::{HeldMessage, LeaseKey, ProducerKey};
+use super::queue::{HeldMessage, LeaseHolder, LeaseKey, ProducerKey};
 use super::{ConsumerChannel, DispatchBook, Now, ShardContents, ShardDiscard};
 use crate::deliver::{ConsumerEvent, ConsumerId, Delivered};
-use crate::delivery_id::DeliveryId;
+use crate::delivery_id::{DeliveryId, DeliveryTicket};
 
 /// Messages one pump discards (expired, out of attempts) before it stops;
 /// the commit of their discard pumps again. Keeps a discard's raft entry
@@ -138,19 +138,26 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             sequence,
             attempt,
         };
-        self.hand_over(queue_name, consumer, lease, Delivered { id, message }, now)
+        self.hand_over(queue_name, consumer, lease, id, message, now)
     }
 
-    /// Sends `delivered` to `consumer` and records its `lease`; a consumer
-    /// whose stream closed leaves the ring and the message goes back.
+    /// Sends delivery `id` of `message` to `consumer`, under an id with a
+    /// fresh random part, and records its `lease`; a consumer whose stream
+    /// closed leaves the ring and the message goes back.
     fn hand_over(
         &mut self,
         queue_name: &Arc<str>,
         consumer_id: ConsumerId,
         lease: LeaseKey,
-        delivered: Delivered,
+        id: DeliveryId,
+        message: StoredMessage,
         now: Now,
     ) -> Picked {
+        let nonce = self.nonces.draw();
+        let delivered = Delivered {
+            ticket: DeliveryTicket { id, nonce },
+            message,
+        };
         let queue = self.queues.get_mut(queue_name).expect("pumped queue");
         let consumer = self
             .consumers
@@ -175,7 +182,13 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         if lease.attempt > 1 {
             queue.redelivered += 1;
         }
-        queue.holders.insert(lease, consumer_id);
+        queue.holders.insert(
+            lease,
+            LeaseHolder {
+                consumer: consumer_id,
+                nonce,
+            },
+        );
         queue.consumers.rotate_left(1);
         self.outbox.deliveries += 1;
         Picked::Delivered

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use floret_sched::{Scheduler, SchedulerConfig};
 use floret_store::ShardId;
 
-use crate::deliver::ConsumerId;
 use crate::deliver::fairness::FairnessWindow;
+use crate::deliver::{BacklogReport, ConsumerId};
 
 /// A producer as the dispatcher schedules it: the shard is part of the key so
 /// a message is read from the right shard without recomputing placement.
@@ -63,6 +63,14 @@ pub(super) struct HeldMessage {
     pub sequence: u64,
 }
 
+/// Who holds a live lease: the consumer it was delivered to, and the
+/// random part of the delivery's id, which a settle must present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LeaseHolder {
+    pub consumer: ConsumerId,
+    pub nonce: u64,
+}
+
 /// One lease: which delivery of which message.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct LeaseKey {
@@ -75,18 +83,29 @@ pub(super) struct QueueDispatch {
     pub scheduler: Scheduler<ProducerKey, String>,
     /// Subscribed consumers; the front is served next.
     pub consumers: VecDeque<ConsumerId>,
-    /// Which consumer holds each live lease.
-    pub holders: HashMap<LeaseKey, ConsumerId>,
+    /// Who holds each live lease.
+    pub holders: HashMap<LeaseKey, LeaseHolder>,
     pub delivered: u64,
     pub acked: u64,
     pub redelivered: u64,
     /// Recent deliveries and dwell times per producer.
     pub fairness: FairnessWindow<ProducerKey>,
-    /// The backlogged weight the consumers were last told (`backlog.rs`).
-    pub reported_weight: u64,
+    /// The backlog the consumers were last told (`backlog.rs`).
+    pub reported: BacklogReport,
+    /// The scheduler's ring changes when that backlog was last computed.
+    pub reported_at_change: Option<u64>,
 }
 
 impl QueueDispatch {
+    /// Whether the backlog may differ from when this was last asked: the
+    /// scheduler's rings changed since.
+    pub fn backlog_may_have_changed(&mut self) -> bool {
+        let changes = self.scheduler.ring_changes();
+        let changed = self.reported_at_change != Some(changes);
+        self.reported_at_change = Some(changes);
+        changed
+    }
+
     pub fn new(config: SchedulerConfig, tenancy: Tenancy) -> Self {
         let tenant_of = match tenancy {
             Tenancy::Anonymous => anonymous_tenant,
@@ -100,7 +119,8 @@ impl QueueDispatch {
             acked: 0,
             redelivered: 0,
             fairness: FairnessWindow::default(),
-            reported_weight: 0,
+            reported: BacklogReport::default(),
+            reported_at_change: None,
         }
     }
 

@@ -1,34 +1,39 @@
-//! Acks and nacks against the book's leases. A nack returns the lease at
-//! once. An ack is checked against the live lease, and the lease ends only
-//! when the removal has committed ([`DispatchBook::removal_committed`]): if
-//! the removal fails, the lease lapses and the message comes back. A refusal
-//! is explained (never committed, already acked, or a lapsed lease).
+//! Acks and nacks against the book's leases. A settle is checked against
+//! the live lease and its holder: the random part of the id must be the
+//! one drawn for that delivery, and the caller must be the stream it was
+//! delivered on (or, through the unary `Ack`, that stream's tenant). A nack
+//! then returns the lease at once. An ack's lease ends only when the
+//! removal has committed ([`DispatchBook::removal_committed`]): if the
+//! removal fails, the lease lapses and the message comes back. A refusal
+//! is explained (never committed, already acked, a lapsed lease, not
+//! yours) without naming who holds the delivery.
 //!
 //! Routing an ack to the node whose book holds its lease is
 //! `deliver/settler.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use floret_sched::SettleError;
 
-use super::queue::{LeaseKey, ProducerKey};
-use super::{ConsumerChannel, DispatchBook, Now, ShardContents};
-use crate::deliver::{SettleCode as Code, SettleKind, SettleOutcome};
-use crate::delivery_id::DeliveryId;
+use super::queue::{LeaseKey, ProducerKey, QueueDispatch};
+use super::{Consumer, ConsumerChannel, ConsumerId, DispatchBook, Now, ShardContents};
+use crate::deliver::{SettleCode as Code, SettleKind, SettleOutcome, SettledBy};
+use crate::delivery_id::{DeliveryId, DeliveryTicket};
 
 impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
-    /// Settles each id (in order, one outcome each); ids that did not
-    /// parse are answered INVALID_ARGUMENT. An accepted ack's outcome names
-    /// the removal to commit before answering it.
+    /// Settles each id (in order, one outcome each) on behalf of `by`; ids
+    /// that did not parse are answered INVALID_ARGUMENT. An accepted ack's
+    /// outcome names the removal to commit before answering it.
     pub fn settle(
         &mut self,
         kind: SettleKind,
-        ids: Vec<Result<DeliveryId, String>>,
+        ids: Vec<Result<DeliveryTicket, String>>,
+        by: &SettledBy,
         now: Now,
     ) -> Vec<SettleOutcome> {
         ids.into_iter()
-            .map(|id| self.settle_one(kind, id, now))
+            .map(|id| self.settle_one(kind, id, by, now))
             .collect()
     }
 
@@ -48,11 +53,12 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     fn settle_one(
         &mut self,
         kind: SettleKind,
-        id: Result<DeliveryId, String>,
+        ticket: Result<DeliveryTicket, String>,
+        by: &SettledBy,
         now: Now,
     ) -> SettleOutcome {
-        let id = match id {
-            Ok(id) => id,
+        let ticket = match ticket {
+            Ok(ticket) => ticket,
             Err(text) => {
                 return outcome(
                     text.clone(),
@@ -61,7 +67,8 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                 );
             }
         };
-        let text = id.to_string();
+        let text = ticket.to_string();
+        let DeliveryTicket { id, nonce } = ticket;
         let shard = id.shard as usize;
         if shard >= self.led.len() {
             return outcome(text, Code::NotFound, format!("no shard {}", id.shard));
@@ -86,17 +93,19 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         let Some(queue) = self.queues.get_mut(&queue_name) else {
             return self.explain_not_leased(kind, &id, text);
         };
+        if !queue.scheduler.is_leased(&key, id.sequence, id.attempt) {
+            return self.explain_not_leased(kind, &id, text);
+        }
+        if let Err((code, why)) = may_settle(queue, &self.consumers, &lease, nonce, by) {
+            return outcome(text, code, why.to_owned());
+        }
         match kind {
-            SettleKind::Ack | SettleKind::DeadLetter
-                if queue.scheduler.is_leased(&key, id.sequence, id.attempt) =>
-            {
-                SettleOutcome {
-                    delivery_id: text,
-                    code: Code::Ok,
-                    message: String::new(),
-                    removal: Some(id),
-                }
-            }
+            SettleKind::Ack | SettleKind::DeadLetter => SettleOutcome {
+                delivery_id: text,
+                code: Code::Ok,
+                message: String::new(),
+                removal: Some(id),
+            },
             SettleKind::Nack => match queue.scheduler.nack(&key, id.sequence, id.attempt) {
                 Ok(()) => {
                     self.release_holder(&queue_name, &lease);
@@ -105,7 +114,6 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                 }
                 Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
             },
-            SettleKind::Ack | SettleKind::DeadLetter => self.explain_not_leased(kind, &id, text),
         }
     }
 
@@ -138,7 +146,7 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     pub(super) fn release_holder(&mut self, queue_name: &Arc<str>, lease: &LeaseKey) {
         if let Some(queue) = self.queues.get_mut(queue_name)
             && let Some(holder) = queue.holders.remove(lease)
-            && let Some(consumer) = self.consumers.get_mut(&holder)
+            && let Some(consumer) = self.consumers.get_mut(&holder.consumer)
         {
             consumer.held.remove(lease);
         }
@@ -194,6 +202,42 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             ),
         }
     }
+}
+
+/// Whether `by` may settle the live `lease`, presenting `nonce`: the
+/// delivery must be one this book gave out under that nonce, to a stream
+/// `by` speaks for. The refusal says so without naming the holder.
+fn may_settle<C>(
+    queue: &QueueDispatch,
+    consumers: &HashMap<ConsumerId, Consumer<C>>,
+    lease: &LeaseKey,
+    nonce: u64,
+    by: &SettledBy,
+) -> Result<(), (Code, &'static str)> {
+    let holder = queue
+        .holders
+        .get(lease)
+        .filter(|holder| holder.nonce == nonce)
+        .ok_or((
+            Code::NotFound,
+            "no such delivery: its id was not given out by this node",
+        ))?;
+    let held_by = consumers
+        .get(&holder.consumer)
+        .map(|consumer| &consumer.owner);
+    if held_by.is_some_and(|owner| by.may_settle(owner)) {
+        return Ok(());
+    }
+    Err(match by {
+        SettledBy::Stream(_) => (
+            Code::PermissionDenied,
+            "this delivery was made on another consume stream: settle it on the stream that received it",
+        ),
+        SettledBy::Tenant(_) => (
+            Code::PermissionDenied,
+            "this delivery was not made to your tenant",
+        ),
+    })
 }
 
 fn outcome(delivery_id: String, code: Code, message: String) -> SettleOutcome {

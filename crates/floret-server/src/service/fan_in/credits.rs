@@ -11,15 +11,16 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::merge::Merge;
-use super::{CreditChange, SOURCE_SILENT_AFTER};
+use super::tenant_shares::TENANT_WEIGHT_UNIT;
+use super::{CreditChange, SOURCE_SILENT_AFTER, SourceRequest};
 
 /// What the merge knows of one source when it splits credits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct SourceHeard {
     /// Its stream is open.
     pub connected: bool,
-    /// The backlogged weight it last reported on that stream; None before
-    /// its first report (or from a node that never reports).
+    /// What its last report on that stream makes it weigh; None before its
+    /// first report (or from a node that never reports).
     pub reported: Option<u64>,
     /// How long ago it was last heard from on that stream.
     pub silent_for: Duration,
@@ -28,9 +29,10 @@ pub(super) struct SourceHeard {
 }
 
 /// Whether each source is live (connected, and not silent after it has
-/// reported) and its weight: its reported weight (with the cross-node split
-/// off, 1 if it has any backlog, so backlogged nodes share equally), 1 while
-/// it has not reported, 0 when not live. When no live source has any
+/// reported) and its weight: what its report makes it weigh (with the
+/// cross-node split off, 1 if it has any backlog, so backlogged nodes share
+/// equally), one tenant's weight ([`TENANT_WEIGHT_UNIT`]) while it has not
+/// reported, 0 when not live. When no live source has any
 /// weight, every live one weighs 1.
 pub(super) fn source_weights(
     sources: &[SourceHeard],
@@ -50,6 +52,7 @@ pub(super) fn source_weights(
         .zip(&live)
         .map(|(source, &live)| match (live, source.reported) {
             (false, _) => 0,
+            (true, None) if cross_node_split => TENANT_WEIGHT_UNIT,
             (true, None) => 1,
             (true, Some(weight)) if cross_node_split => weight,
             (true, Some(weight)) => weight.min(1),
@@ -162,8 +165,8 @@ impl Merge {
                 }
                 .map_err(Status::from)?;
             } else {
-                let _peer_stream_gone =
-                    self.peer_credits[source - 1].send((self.generations[source], change));
+                let request = (self.generations[source], SourceRequest::Credit(change));
+                let _peer_stream_gone = self.peer_credits[source - 1].send(request);
             }
         }
         Ok(())
@@ -201,7 +204,7 @@ mod tests {
         let never_reported = heard(true, None, 60_000);
         let (live, weights) = source_weights(&[local, reported, never_reported], true);
         assert_eq!(live, [true, true, true]);
-        assert_eq!(weights, [8, 4, 1]);
+        assert_eq!(weights, [8, 4, TENANT_WEIGHT_UNIT]);
     }
 
     #[test]

@@ -15,10 +15,14 @@ use tonic::{Status, Streaming};
 
 use super::outbound::credit_room;
 use super::peer_source::{PeerSource, follow_peer};
+use super::tenant_shares::{SourceShares, source_shares};
 use super::{
-    CreditChange, FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, Sources,
+    FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, SourceRequest, Sources,
 };
-use crate::deliver::{ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind};
+use crate::deliver::{
+    BacklogReport, ConsumerEvent, ConsumerId, DispatcherHandle, SettleKind, SettledBy, StreamOwner,
+    TenantShare,
+};
 use crate::delivery_id;
 use crate::request::{self, InvalidRequest};
 use crate::service::convert;
@@ -33,13 +37,15 @@ const FIRST_DELIVERY_BYTES_GUESS: u64 = 16 * 1024;
 /// What the merge task works on.
 pub(super) struct Merge {
     pub(super) queue: String,
+    /// The consumer's stream, which alone settles what it is delivered.
+    pub(super) settled_by: SettledBy,
     pub(super) dispatcher: DispatcherHandle,
     pub(super) local_consumer: ConsumerId,
     /// Node of each source (this node first).
     pub(super) nodes: Vec<NodeId>,
     /// Credit senders of the peer streams, by source index - 1; each change
     /// names the stream generation it is meant for.
-    pub(super) peer_credits: Vec<mpsc::UnboundedSender<(u64, CreditChange)>>,
+    pub(super) peer_credits: Vec<mpsc::UnboundedSender<(u64, SourceRequest)>>,
     /// Whether each source's stream is open (the local one always is).
     pub(super) connected: Vec<bool>,
     /// Credits each source was given and has not used for a delivery yet.
@@ -47,9 +53,15 @@ pub(super) struct Merge {
     /// Generation of each source's current stream; deliveries of an older
     /// stream no longer count against its credits.
     pub(super) generations: Vec<u64>,
-    /// The backlogged weight each source last reported on its current
-    /// stream (None before its first report).
+    /// The backlog each source last reported on its current stream (None
+    /// before its first report).
+    pub(super) reports: Vec<Option<BacklogReport>>,
+    /// What each source weighs in the credit split, from every source's
+    /// report (`tenant_shares.rs`; None before its first report).
     pub(super) reported: Vec<Option<u64>>,
+    /// The tenant shares each source's current stream was last sent (None:
+    /// nothing sent on it yet).
+    pub(super) shares_sent: Vec<Option<Vec<TenantShare>>>,
     /// When each source was last heard from on its current stream.
     pub(super) last_heard: Vec<Instant>,
     /// When the first split may go ahead without every source's report.
@@ -72,11 +84,12 @@ pub(super) struct Merge {
 }
 
 /// Serves one consumer of `queue` from every node: subscribes here and at
-/// every peer, then merges until the consumer's stream ends.
+/// every peer as `owner`, then merges until the consumer's stream ends.
 pub async fn serve(
     sources: Sources,
     queue: String,
     credits: u32,
+    owner: StreamOwner,
     inbound: Streaming<v1::ConsumeRequest>,
     outbound: Outbound,
 ) -> Result<(), Status> {
@@ -91,7 +104,7 @@ pub async fn serve(
     let source_count = 1 + others.len();
     let (local_events, local_deliveries) = mpsc::unbounded_channel();
     let local_consumer = dispatcher
-        .subscribe(queue.clone(), 1, local_events, false)
+        .subscribe(queue.clone(), 1, local_events, false, owner.clone())
         .await
         .map_err(Status::from)?;
     let (peer_events, peer_deliveries) = mpsc::unbounded_channel();
@@ -104,6 +117,7 @@ pub async fn serve(
                 index: offset + 1,
                 node,
                 queue: queue.clone(),
+                owner: owner.clone(),
                 peers: peers.clone(),
             },
             credit_receiver,
@@ -117,6 +131,7 @@ pub async fn serve(
     let started = Instant::now();
     let merge = Merge {
         queue,
+        settled_by: SettledBy::Stream(owner),
         dispatcher,
         local_consumer,
         nodes: std::iter::once(peers.node_id()).chain(others).collect(),
@@ -124,7 +139,9 @@ pub async fn serve(
         connected,
         outstanding,
         generations: vec![0; source_count],
+        reports: vec![None; source_count],
         reported: vec![None; source_count],
+        shares_sent: vec![None; source_count],
         last_heard: vec![started; source_count],
         split_from: started + FIRST_SPLIT_WAIT,
         split: CreditSplit::new(source_count),
@@ -175,28 +192,29 @@ impl Merge {
                             outcomes: outcomes.into_iter().map(convert::settle_outcome).collect(),
                         }));
                     }
-                    ConsumerEvent::Backlog(weight) => self.reported[0] = Some(weight),
+                    ConsumerEvent::Backlog(report) => self.on_report(0, Some(report)),
                 },
                 Some(event) = peers.recv() => match event {
                     PeerEvent::Connected(source) => {
                         self.connected[source] = true;
                         self.outstanding[source] = 1;
+                        self.shares_sent[source] = None;
                         self.last_heard[source] = Instant::now();
                     }
                     PeerEvent::Delivery(source, generation, delivery) => {
                         self.heard_from(source, generation);
                         self.on_delivery(source, generation, delivery);
                     }
-                    PeerEvent::Backlog(source, generation, weight) => {
+                    PeerEvent::Backlog(source, generation, report) => {
                         if self.heard_from(source, generation) {
-                            self.reported[source] = Some(weight);
+                            self.on_report(source, Some(report));
                         }
                     }
                     PeerEvent::Disconnected(source) => {
                         self.connected[source] = false;
                         self.outstanding[source] = 0;
                         self.generations[source] += 1;
-                        self.reported[source] = None;
+                        self.on_report(source, None);
                         self.waiting.retain(|(index, _)| *index != source);
                     }
                 },
@@ -268,6 +286,37 @@ impl Merge {
         }
     }
 
+    /// Source `source` reported its backlog (None: its stream closed):
+    /// every source's weight is computed again, and each source whose
+    /// tenants' shares changed is told them.
+    fn on_report(&mut self, source: SourceIndex, report: Option<BacklogReport>) {
+        if self.reports[source] == report {
+            return;
+        }
+        self.reports[source] = report;
+        let reports: Vec<Option<&BacklogReport>> =
+            self.reports.iter().map(Option::as_ref).collect();
+        let SourceShares { weights, shares } = source_shares(&reports);
+        self.reported = weights;
+        for (source, shares) in shares.into_iter().enumerate() {
+            if !self.connected[source] || self.shares_sent[source].as_ref() == Some(&shares) {
+                continue;
+            }
+            if source == 0 {
+                let _stopping = self
+                    .dispatcher
+                    .tenant_shares(self.local_consumer, shares.clone());
+            } else {
+                let request = (
+                    self.generations[source],
+                    SourceRequest::TenantShares(shares.clone()),
+                );
+                let _peer_stream_gone = self.peer_credits[source - 1].send(request);
+            }
+            self.shares_sent[source] = Some(shares);
+        }
+    }
+
     fn forward(&mut self, delivery: v1::Delivery) {
         self.consumer_credits -= 1;
         let bytes = delivery.encoded_len() as u64;
@@ -296,6 +345,10 @@ impl Merge {
             }
             Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
                 "this stream is already subscribed; open another stream for another queue",
+            )
+            .into()),
+            Some(consume_request::Request::TenantShares(_)) => Err(InvalidRequest::Malformed(
+                "tenant_shares is for the streams between nodes (on the peer port)",
             )
             .into()),
             None => Err(InvalidRequest::Malformed("empty consume request").into()),
@@ -339,10 +392,11 @@ impl Merge {
             })
             .collect();
         let (settler, outbound) = (settler.clone(), self.outbound.clone());
+        let settled_by = self.settled_by.clone();
         tokio::spawn(async move {
             let mut outcomes = refused;
             if !own.is_empty()
-                && let Ok(settled) = settler.settle(kind, own).await
+                && let Ok(settled) = settler.settle(kind, own, &settled_by).await
             {
                 outcomes.extend(settled.into_iter().map(convert::settle_outcome));
             }

@@ -5,14 +5,18 @@
 //! node subscribes to its own dispatcher and, over the peer port, to
 //! every peer's, and merges the deliveries into the consumer's stream.
 //!
-//! Credits: every source reports its backlogged weight for the queue on
-//! its own stream, when the stream opens, when the weight changes and
-//! every second (`deliver/book/backlog.rs`, `service/own_dispatcher.rs`).
-//! The consumer's credits not yet promised to a source are split between
-//! the sources by those weights ([`CreditSplit`]), so each node delivers in
-//! proportion to its backlogged weight and every backlogged producer in the
-//! cluster gets about `weight / total weight` of the consumer, wherever it
-//! is placed. Nothing here reads the gossip view: a node is a source while
+//! Credits: every source reports its backlog for the queue (its
+//! backlogged producer weight, and per tenant) on its own stream, when the
+//! stream opens, when it changes and every second
+//! (`deliver/book/backlog.rs`, `service/own_dispatcher.rs`). Each source
+//! weighs what its tenants' backlogs there are of their backlogs
+//! everywhere, and each source is told its tenants' shares
+//! (`tenant_shares.rs`), so a tenant spread over several nodes gets its
+//! weight once. The consumer's credits not yet promised to a source are
+//! split between the sources by those weights ([`CreditSplit`]), so every
+//! backlogged tenant in the cluster gets about `weight / total weight` of
+//! the consumer, and each of its producers its part of that, wherever they
+//! are placed. Nothing here reads the gossip view: a node is a source while
 //! its stream is open and it is heard from, whatever gossip says.
 //!
 //! A new merge splits nothing until every source has reported (or
@@ -24,7 +28,7 @@
 //! reported once and then is silent for [`SOURCE_SILENT_AFTER`] (a frozen
 //! or cut-off node whose TCP connection has not broken yet) gets no
 //! credits until it is heard again; a source that never reports (a node of
-//! an older version) weighs 1. With the cross-node split off every
+//! an older version) weighs one tenant. With the cross-node split off every
 //! backlogged source weighs the same (fair between nodes, not between
 //! producers). Deliveries beyond the consumer's credits (the one-per-node
 //! minimum can exceed them) wait here, so the consumer never gets more
@@ -51,6 +55,7 @@ mod credits;
 mod merge;
 mod outbound;
 mod peer_source;
+mod tenant_shares;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +66,7 @@ use floret_proto::v1;
 pub use merge::serve;
 pub use outbound::{ConsumeStream, Outbound, channel};
 
-use crate::deliver::DispatcherHandle;
+use crate::deliver::{BacklogReport, DispatcherHandle, TenantShare};
 use crate::settle::Settler;
 
 /// How long opening a consume stream on a peer may take.
@@ -87,8 +92,8 @@ type SourceIndex = usize;
 enum PeerEvent {
     Connected(SourceIndex),
     Delivery(SourceIndex, u64, v1::Delivery),
-    /// The source's backlogged weight, on the stream of that generation.
-    Backlog(SourceIndex, u64, u64),
+    /// The source's backlog, on the stream of that generation.
+    Backlog(SourceIndex, u64, BacklogReport),
     Disconnected(SourceIndex),
 }
 
@@ -97,6 +102,14 @@ enum PeerEvent {
 enum CreditChange {
     Add(u32),
     Set(u32),
+}
+
+/// What the merge sends a peer source on its stream.
+#[derive(Debug, Clone)]
+enum SourceRequest {
+    Credit(CreditChange),
+    /// Each tenant's share on that source (`tenant_shares.rs`).
+    TenantShares(Vec<TenantShare>),
 }
 
 /// What a node merges consumers from: its own dispatcher, its settler for

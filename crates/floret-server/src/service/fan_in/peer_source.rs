@@ -16,8 +16,12 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
+use crate::deliver::StreamOwner;
+use crate::service::convert::{self, STREAM_OWNER_METADATA, stream_owner_metadata};
+
 use super::{
     CreditChange, MAX_DELIVERY_BYTES, OPEN_TIMEOUT, PeerEvent, RECONNECT_PAUSE, SourceIndex,
+    SourceRequest,
 };
 
 /// One peer's dispatcher as a source of the merge.
@@ -25,6 +29,9 @@ pub(super) struct PeerSource {
     pub index: SourceIndex,
     pub node: NodeId,
     pub queue: String,
+    /// The consumer's stream, named to the peer so its leases are the
+    /// consumer's.
+    pub owner: StreamOwner,
     pub peers: Arc<Peers>,
 }
 
@@ -32,7 +39,7 @@ pub(super) struct PeerSource {
 /// lives, passing its deliveries in and the merge's credits out.
 pub(super) async fn follow_peer(
     source: PeerSource,
-    mut credits: mpsc::UnboundedReceiver<(u64, CreditChange)>,
+    mut credits: mpsc::UnboundedReceiver<(u64, SourceRequest)>,
     events: mpsc::UnboundedSender<PeerEvent>,
 ) {
     let Some(channel) = source.peers.channel(source.node) else {
@@ -88,12 +95,13 @@ async fn open(
     };
     let _ = requests.send(subscribe);
     let mut client = PeerClient::new(channel).max_decoding_message_size(MAX_DELIVERY_BYTES);
-    let opened = tokio::time::timeout(
-        OPEN_TIMEOUT,
-        client.consume(UnboundedReceiverStream::new(outgoing)),
-    )
-    .await
-    .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")))?;
+    let mut request = tonic::Request::new(UnboundedReceiverStream::new(outgoing));
+    request
+        .metadata_mut()
+        .insert(STREAM_OWNER_METADATA, stream_owner_metadata(&source.owner));
+    let opened = tokio::time::timeout(OPEN_TIMEOUT, client.consume(request))
+        .await
+        .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer")))?;
     Ok(opened.into_inner())
 }
 
@@ -121,7 +129,7 @@ impl PeerStream<'_> {
     async fn relay(
         &self,
         mut deliveries: Streaming<PeerConsumeResponse>,
-        credits: &mut mpsc::UnboundedReceiver<(u64, CreditChange)>,
+        credits: &mut mpsc::UnboundedReceiver<(u64, SourceRequest)>,
     ) -> Relay {
         loop {
             tokio::select! {
@@ -130,7 +138,12 @@ impl PeerStream<'_> {
                         return Relay::MergeGone;
                     };
                     if meant_for == self.generation {
-                        self.send_credit(change);
+                        match change {
+                            SourceRequest::Credit(change) => self.send_credit(change),
+                            SourceRequest::TenantShares(shares) => {
+                                let _ = self.requests.send(convert::tenant_shares_to_wire(&shares));
+                            }
+                        }
                     }
                 }
                 message = deliveries.message() => match message {
@@ -142,7 +155,7 @@ impl PeerStream<'_> {
                             peer_consume_response::Response::Backlog(backlog) => PeerEvent::Backlog(
                                 self.source.index,
                                 self.generation,
-                                backlog.backlogged_weight,
+                                convert::backlog_from_wire(backlog),
                             ),
                             peer_consume_response::Response::Settled(_) => continue,
                         };

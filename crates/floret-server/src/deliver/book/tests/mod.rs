@@ -21,8 +21,10 @@ use super::{
     ConsumerChannel, ConsumerClosed, DispatchBook, Now, ReadError, ShardContents, ShardDiscard,
     StoredBacklog,
 };
-use crate::deliver::{ConsumerEvent, ConsumerId, SettleKind, SettleOutcome};
-use crate::delivery_id::DeliveryId;
+use crate::deliver::{
+    ConsumerEvent, ConsumerId, SettleKind, SettleOutcome, SettledBy, StreamKey, StreamOwner,
+};
+use crate::delivery_id::{DeliveryId, DeliveryTicket};
 
 /// The wall clock at the start of every test, ms since the Unix epoch.
 const UNIX_START_MS: u64 = 1_800_000_000_000;
@@ -146,11 +148,16 @@ impl ShardContents for FakeShards {
     }
 }
 
+/// The random part of every delivery id the book gave out, so tests name
+/// deliveries by what they are and settle them as their consumer would.
+type IssuedNonces = Rc<RefCell<HashMap<DeliveryId, u64>>>;
+
 /// A consumer stream that records what it is sent, until the test closes it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(super) struct Recorder {
     events: Rc<RefCell<Vec<ConsumerEvent>>>,
     closed: Rc<Cell<bool>>,
+    issued: IssuedNonces,
 }
 
 impl ConsumerChannel for Recorder {
@@ -158,8 +165,24 @@ impl ConsumerChannel for Recorder {
         if self.closed.get() {
             return Err(ConsumerClosed);
         }
+        if let ConsumerEvent::Delivery(delivered) = &event {
+            self.issued
+                .borrow_mut()
+                .insert(delivered.ticket.id.clone(), delivered.ticket.nonce);
+        }
         self.events.borrow_mut().push(event);
         Ok(())
+    }
+}
+
+/// The tenant the harness's consumers belong to unless a test says otherwise.
+pub(super) const TENANT: &str = "tenant";
+
+/// Consumer `stream`'s owner: stream key `stream` of `tenant`.
+pub(super) fn owner(tenant: &str, stream: u128) -> StreamOwner {
+    StreamOwner {
+        tenant: tenant.into(),
+        stream: StreamKey(stream),
     }
 }
 
@@ -172,6 +195,10 @@ pub(super) struct Harness {
     pub elapsed: Duration,
     /// Discards the book decided and the test has not committed yet.
     pub pending_discards: Vec<ShardDiscard>,
+    /// The random part of each delivery id handed out.
+    issued: IssuedNonces,
+    /// Stream keys given to consumers so far.
+    streams: u128,
 }
 
 impl Harness {
@@ -190,6 +217,8 @@ impl Harness {
             start: Instant::now(),
             elapsed: Duration::ZERO,
             pending_discards: Vec::new(),
+            issued: IssuedNonces::default(),
+            streams: 0,
         }
     }
 
@@ -275,12 +304,22 @@ impl Harness {
         self.collect_outbox();
     }
 
+    /// Subscribes a consumer of [`TENANT`] on a stream of its own.
     pub fn subscribe(&mut self, queue: &str, credits: u32) -> ConsumerId {
-        let recorder = Recorder::default();
+        self.streams += 1;
+        self.subscribe_as(queue, credits, owner(TENANT, self.streams))
+    }
+
+    pub fn subscribe_as(&mut self, queue: &str, credits: u32, owner: StreamOwner) -> ConsumerId {
+        let recorder = Recorder {
+            events: Rc::default(),
+            closed: Rc::default(),
+            issued: self.issued.clone(),
+        };
         let now = self.now();
         let id = self
             .book
-            .subscribe(queue, credits, recorder.clone(), false, now);
+            .subscribe(queue, credits, recorder.clone(), false, owner, now);
         self.recorders.insert(id, recorder);
         self.collect_outbox();
         id
@@ -309,9 +348,32 @@ impl Harness {
 
     /// Settles `id`; an accepted ack or dead-lettering is committed at once
     /// when `commit` (the message leaves the store, then the lease ends).
+    /// Settles `id` as [`TENANT`] through the unary `Ack`, under the id the
+    /// book gave out for it (or, for a delivery never made, a made-up one).
     pub fn settle(&mut self, kind: SettleKind, id: &DeliveryId, commit: bool) -> SettleOutcome {
+        let ticket = self.ticket(id);
+        self.settle_as(kind, ticket, &SettledBy::Tenant(TENANT.into()), commit)
+    }
+
+    /// The id the book gave out for delivery `id` (nonce 0 if it never did).
+    pub fn ticket(&self, id: &DeliveryId) -> DeliveryTicket {
+        DeliveryTicket {
+            id: id.clone(),
+            nonce: self.issued.borrow().get(id).copied().unwrap_or_default(),
+        }
+    }
+
+    /// Settles `ticket` on behalf of `by`; with `commit`, an accepted
+    /// removal commits at once.
+    pub fn settle_as(
+        &mut self,
+        kind: SettleKind,
+        ticket: DeliveryTicket,
+        by: &SettledBy,
+        commit: bool,
+    ) -> SettleOutcome {
         let now = self.now();
-        let mut outcomes = self.book.settle(kind, vec![Ok(id.clone())], now);
+        let mut outcomes = self.book.settle(kind, vec![Ok(ticket)], by, now);
         let outcome = outcomes.pop().expect("one outcome per id");
         if commit && let Some(removal) = &outcome.removal {
             self.remove_stored(removal);
@@ -348,7 +410,7 @@ impl Harness {
         self.take_events()
             .into_iter()
             .filter_map(|(consumer, event)| match event {
-                ConsumerEvent::Delivery(delivered) => Some((consumer, delivered.id)),
+                ConsumerEvent::Delivery(delivered) => Some((consumer, delivered.ticket.id)),
                 _ => None,
             })
             .collect()

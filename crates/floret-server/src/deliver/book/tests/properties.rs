@@ -141,10 +141,11 @@ impl Model {
             for (lease, holder) in &queue.holders {
                 let message = (lease.producer.clone(), lease.sequence);
                 prop_assert!(leased.insert(message), "{lease:?} is leased twice");
-                let consumer = book.consumers.get(holder);
+                let consumer = book.consumers.get(&holder.consumer);
                 prop_assert!(
                     consumer.is_some_and(|c| c.held.contains(lease)),
-                    "holder {holder} of {lease:?} does not know it holds it"
+                    "holder {} of {lease:?} does not know it holds it",
+                    holder.consumer
                 );
             }
         }
@@ -176,7 +177,7 @@ impl Model {
                 self.harness.settle(SettleKind::Ack, &id, true);
                 prop_assert!(
                     acked.insert((id.producer.clone(), id.sequence)),
-                    "{id} came twice"
+                    "{id:?} came twice"
                 );
             }
         }

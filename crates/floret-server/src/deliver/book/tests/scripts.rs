@@ -156,10 +156,14 @@ impl Runner {
         for (consumer, event) in self.harness.take_events() {
             match event {
                 ConsumerEvent::Delivery(delivered) => {
-                    output.push(format!("c{consumer} <- {}", short(&delivered.id)));
+                    output.push(format!("c{consumer} <- {}", short(&delivered.ticket.id)));
                 }
-                ConsumerEvent::Backlog(weight) if self.watch_backlog => {
-                    output.push(format!("c{consumer} backlog {weight}"));
+                ConsumerEvent::Backlog(report) if self.watch_backlog => {
+                    let mut line = format!("c{consumer} backlog {}", report.weight);
+                    for tenant in &report.tenants {
+                        line += &format!(" {}={}", tenant.tenant, tenant.producer_weight);
+                    }
+                    output.push(line);
                 }
                 _ => {}
             }

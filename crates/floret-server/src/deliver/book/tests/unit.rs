@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use floret_store::policy::Policy;
 
-use super::{Harness, LEASE_TIMEOUT, MAX_CREDITS};
+use super::{Harness, LEASE_TIMEOUT, MAX_CREDITS, TENANT, owner};
 use crate::deliver::book::pump::DISCARDS_PER_PUMP;
-use crate::deliver::{SettleCode, SettleKind};
+use crate::deliver::{SettleCode, SettleKind, SettledBy};
 use crate::delivery_id::DeliveryId;
 
 fn id(producer: &str, sequence: u64, attempt: u32) -> DeliveryId {
@@ -91,9 +91,12 @@ fn settle_after_losing_the_shard_is_refused_not_applied() {
     let outcome = harness.settle(SettleKind::Ack, &id("a", 0, 1), true);
     assert_eq!(outcome.code, SettleCode::FailedPrecondition);
     assert_eq!(outcome.removal, None);
-    let malformed = harness
-        .book
-        .settle(SettleKind::Ack, vec![Err("x".to_owned())], harness.now());
+    let malformed = harness.book.settle(
+        SettleKind::Ack,
+        vec![Err("x".to_owned())],
+        &SettledBy::Tenant(TENANT.into()),
+        harness.now(),
+    );
     assert_eq!(malformed[0].code, SettleCode::InvalidArgument);
     let no_shard = DeliveryId {
         shard: 9,
@@ -218,4 +221,78 @@ fn subscribes_to_new_queue_names_leave_entries_walked_for_good() {
         1,
         "a drained queue without consumers is dropped; the governed one stays"
     );
+}
+
+#[test]
+fn a_delivery_cannot_be_settled_on_another_stream_even_of_its_tenant() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe_as("q", 1, owner(TENANT, 1));
+    harness.take_deliveries();
+    let ticket = harness.ticket(&id("a", 0, 1));
+    for kind in [SettleKind::Ack, SettleKind::Nack, SettleKind::DeadLetter] {
+        let other_stream = SettledBy::Stream(owner(TENANT, 2));
+        let refused = harness.settle_as(kind, ticket.clone(), &other_stream, true);
+        assert_eq!(refused.code, SettleCode::PermissionDenied, "{kind:?}");
+        assert_eq!(refused.removal, None);
+    }
+    assert!(
+        harness.take_deliveries().is_empty(),
+        "a refused nack redelivered"
+    );
+    let own_stream = SettledBy::Stream(owner(TENANT, 1));
+    let acked = harness.settle_as(SettleKind::Ack, ticket, &own_stream, true);
+    assert_eq!(acked.code, SettleCode::Ok);
+    assert!(!harness.stored(0, "q", "a", 0));
+}
+
+#[test]
+fn another_tenant_cannot_ack_or_nack_a_delivery_through_ack() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe_as("q", 1, owner("acme", 1));
+    harness.take_deliveries();
+    let ticket = harness.ticket(&id("a", 0, 1));
+    let intruder = SettledBy::Tenant("globex".into());
+    for kind in [SettleKind::Ack, SettleKind::Nack] {
+        let refused = harness.settle_as(kind, ticket.clone(), &intruder, true);
+        assert_eq!(refused.code, SettleCode::PermissionDenied);
+        assert!(
+            !refused.message.contains("acme"),
+            "the refusal names the holder: {}",
+            refused.message
+        );
+    }
+    assert!(harness.stored(0, "q", "a", 0));
+    let own_tenant = SettledBy::Tenant("acme".into());
+    let acked = harness.settle_as(SettleKind::Ack, ticket, &own_tenant, true);
+    assert_eq!(acked.code, SettleCode::Ok);
+}
+
+#[test]
+fn a_guessed_delivery_id_names_no_delivery() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe_as("q", 1, owner(TENANT, 1));
+    harness.take_deliveries();
+    let mut guessed = harness.ticket(&id("a", 0, 1));
+    guessed.nonce = guessed.nonce.wrapping_add(1);
+    let holder = SettledBy::Stream(owner(TENANT, 1));
+    let refused = harness.settle_as(SettleKind::Ack, guessed, &holder, true);
+    assert_eq!(refused.code, SettleCode::NotFound);
+    assert!(harness.stored(0, "q", "a", 0));
+}
+
+#[test]
+fn each_delivery_of_a_message_gets_a_fresh_random_part() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 1, None);
+    harness.subscribe("q", 2);
+    harness.take_deliveries();
+    let first = harness.ticket(&id("a", 0, 1));
+    harness.settle(SettleKind::Nack, &id("a", 0, 1), true);
+    harness.take_deliveries();
+    let second = harness.ticket(&id("a", 0, 2));
+    assert_ne!(first.nonce, second.nonce);
+    assert_ne!(second.nonce, 0);
 }
