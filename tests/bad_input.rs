@@ -44,6 +44,10 @@
 //! 38. replay_dead_letters_without_admin PERMISSION_DENIED
 //! 39. replica_digests_without_admin  PERMISSION_DENIED
 //! 40. producer_id_over_256_bytes_with_a_tenant INVALID_ARGUMENT, says 256
+//! 41. tenant_policy_with_a_limit     INVALID_ARGUMENT
+//! 42. policy_of_a_producer_and_a_tenant INVALID_ARGUMENT
+//! 43. tenant_policy_of_a_bad_name    INVALID_ARGUMENT
+//! 44. tenant_policy_as_a_producer_id INVALID_ARGUMENT
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -375,6 +379,7 @@ async fn bad_input_stops_the_node_or_loses_what_it_acknowledged() {
                     ..Default::default()
                 }),
                 replace: false,
+                tenant: String::new(),
             })
             .await,
         Code::PermissionDenied,
@@ -478,6 +483,7 @@ async fn bad_input_stops_the_node_or_loses_what_it_acknowledged() {
             .get_policy(v1::GetPolicyRequest {
                 queue: "acme.orders".into(),
                 producer_id: "acme/steady".into(),
+                tenant: String::new(),
             })
             .await,
         Code::PermissionDenied,
@@ -726,6 +732,53 @@ async fn bad_input_stops_the_node_or_loses_what_it_acknowledged() {
         Code::InvalidArgument,
         "malformed dead-letter id",
     );
+    let mut ops_admin = node.admin(node.bearer("ops", &[Role::Admin], &[]));
+    let tenant_policy =
+        |producer_id: &str, tenant: &str, policy: v1::Policy| v1::SetPolicyRequest {
+            queue: "acme.orders".into(),
+            producer_id: producer_id.into(),
+            policy: Some(policy),
+            replace: false,
+            tenant: tenant.into(),
+        };
+    let weight_two = v1::Policy {
+        weight: Some(2),
+        ..Default::default()
+    };
+    let with_a_limit = v1::Policy {
+        max_messages: Some(10),
+        ..weight_two
+    };
+    let bad_tenant_policies = [
+        (
+            "tenant_policy_with_a_limit",
+            tenant_policy("", "acme", with_a_limit),
+            "only weight",
+        ),
+        (
+            "policy_of_a_producer_and_a_tenant",
+            tenant_policy("acme/steady", "acme", weight_two),
+            "not both",
+        ),
+        (
+            "tenant_policy_of_a_bad_name",
+            tenant_policy("", "acme.eu", weight_two),
+            "tenant name",
+        ),
+        (
+            "tenant_policy_as_a_producer_id",
+            tenant_policy("acme/", "", weight_two),
+            "set it with `tenant`",
+        ),
+    ];
+    for (class, request, says) in bad_tenant_policies {
+        refused(
+            class,
+            ops_admin.set_policy(request).await,
+            Code::InvalidArgument,
+            says,
+        );
+    }
 
     // The node serves, and every acknowledged message is delivered.
     acknowledged.extend(produce_acknowledged(&mut acme_floret, "after").await);

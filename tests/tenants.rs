@@ -517,51 +517,80 @@ async fn a_tenant_spread_over_three_nodes_takes_a_share_from_each() {
     // honest: one producer. Both keep a backlog for the whole run.
     for producer in 0..100u64 {
         as_tenant(&cluster.address(1 + producer % 3), &sybil_token)
-            .produce("shared.q", &format!("p{producer}"), batch(30, "s"))
+            .produce("shared.q", &format!("p{producer}"), batch(60, "s"))
             .await
             .unwrap();
     }
     let honest = as_tenant(&cluster.address(2), &honest_token);
-    for _ in 0..30 {
+    for _ in 0..60 {
         honest
             .produce("shared.q", "only", batch(100, "h"))
             .await
             .unwrap();
     }
 
-    // One consumer through node 1, about 300 deliveries a second, for two
-    // windows of 5 s.
+    // One consumer through node 1, about 300 deliveries a second: two
+    // windows of 5 s at equal weights, then sybil's weight goes to 3 and,
+    // after a second to take effect, one more window.
     const WINDOW: Duration = Duration::from_secs(5);
     let sink = as_tenant(
         &cluster.address(1),
         &issuer.token("sink", &[Role::Consume], &["shared.*"], 600),
     );
+    let admin = as_tenant(
+        &cluster.address(3),
+        &issuer.token("ops", &[Role::Admin], &[], 600),
+    );
     let mut consumer = sink.consume("shared.q", 32).await.unwrap();
-    let mut windows: Vec<std::collections::BTreeMap<String, usize>> = vec![Default::default(); 2];
+    let mut windows: Vec<std::collections::BTreeMap<String, usize>> = vec![Default::default(); 4];
     let mut per_sybil_producer: std::collections::BTreeMap<String, f64> = Default::default();
+    let weighted_from = 2 * WINDOW + Duration::from_secs(1);
     let started = std::time::Instant::now();
-    while started.elapsed() < 2 * WINDOW {
-        let delivery = next_delivery(&mut consumer).await;
-        let window = (started.elapsed().as_millis() / WINDOW.as_millis()) as usize;
-        let (tenant, producer) = delivery.producer_id.split_once('/').unwrap();
-        if let Some(counts) = windows.get_mut(window) {
-            *counts.entry(tenant.to_owned()).or_default() += 1;
+    let mut weighted = false;
+    while started.elapsed() < weighted_from + WINDOW {
+        if !weighted && started.elapsed() >= 2 * WINDOW {
+            let weight_three = Policy {
+                weight: Some(3),
+                ..Policy::default()
+            };
+            admin
+                .set_tenant_policy("shared.q", "sybil", weight_three, false)
+                .await
+                .unwrap();
+            weighted = true;
         }
-        if tenant == "sybil" {
+        let delivery = next_delivery(&mut consumer).await;
+        let elapsed = started.elapsed();
+        let window = if elapsed < 2 * WINDOW {
+            (elapsed.as_millis() / WINDOW.as_millis()) as usize
+        } else if elapsed >= weighted_from {
+            3
+        } else {
+            2
+        };
+        let (tenant, producer) = delivery.producer_id.split_once('/').unwrap();
+        *windows[window].entry(tenant.to_owned()).or_default() += 1;
+        if tenant == "sybil" && window < 2 {
             *per_sybil_producer.entry(producer.to_owned()).or_default() += 1.0;
         }
         consumer.ack(vec![delivery.delivery_id]).await.unwrap();
         consumer.credit(1).await.unwrap();
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
-    for (index, counts) in windows.iter().enumerate() {
-        let total: usize = counts.values().sum();
-        let sybil_share = counts.get("sybil").copied().unwrap_or(0) as f64 / total as f64;
+    let sybil_share = |counts: &std::collections::BTreeMap<String, usize>| {
+        counts.get("sybil").copied().unwrap_or(0) as f64 / counts.values().sum::<usize>() as f64
+    };
+    for (index, counts) in windows[..2].iter().enumerate() {
         assert!(
-            (0.45..=0.55).contains(&sybil_share),
+            (0.45..=0.55).contains(&sybil_share(counts)),
             "window {index}: each tenant gets half, however many producers it opens on however many nodes: {counts:?}"
         );
     }
+    assert!(
+        (0.70..=0.80).contains(&sybil_share(&windows[3])),
+        "at weights 3:1, sybil gets three quarters: {:?}",
+        windows[3]
+    );
     let counts: Vec<f64> = per_sybil_producer.values().copied().collect();
     assert_eq!(counts.len(), 100, "every one of its producers was served");
     let index = jain(&counts);
@@ -569,4 +598,6 @@ async fn a_tenant_spread_over_three_nodes_takes_a_share_from_each() {
         index >= 0.95,
         "its producers share its half evenly: Jain {index}"
     );
+    let stored = admin.get_tenant_policy("shared.q", "sybil").await.unwrap();
+    assert_eq!(stored.tenant_policy.unwrap().weight, Some(3));
 }

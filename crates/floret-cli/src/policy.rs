@@ -1,5 +1,6 @@
-//! `floret policy set|get`: a queue's default policy or one producer's
-//! override, set field by field (or replaced whole) and shown as JSON.
+//! `floret policy set|get`: a queue's default policy, one producer's
+//! override or one tenant's policy (its weight), set field by field (or
+//! replaced whole) and shown as JSON.
 
 use floret_client::{Expiry, Overflow, Policy};
 
@@ -13,9 +14,11 @@ pub struct PolicyArgs {
 
 #[derive(clap::Subcommand)]
 enum PolicyCommand {
-    /// Set the queue's defaults, or with --producer that producer's override.
+    /// Set the queue's defaults, with --producer that producer's override,
+    /// or with --tenant that tenant's weight.
     Set(SetArgs),
-    /// Show the queue's defaults, and with --producer its override and what is in force.
+    /// Show the queue's defaults, and with --producer its override and what
+    /// is in force, or with --tenant the tenant's policy.
     Get(Target),
 }
 
@@ -24,8 +27,12 @@ struct Target {
     #[command(flatten)]
     queue: QueueTarget,
     /// A producer of the queue (omit for the queue's defaults).
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", conflicts_with = "tenant")]
     producer: String,
+    /// A tenant of the queue: its policy takes only --weight, its turns
+    /// among the queue's tenants on every node.
+    #[arg(long, default_value = "")]
+    tenant: String,
 }
 
 #[derive(clap::Args)]
@@ -103,30 +110,45 @@ pub async fn run(args: PolicyArgs) -> anyhow::Result<()> {
                 max_in_flight: set.max_in_flight,
                 produce_rate: set.produce_rate,
             };
-            let stored = client
-                .set_policy(
-                    &set.target.queue.queue,
-                    &set.target.producer,
-                    policy,
-                    set.replace,
-                )
-                .await?;
+            let queue = &set.target.queue.queue;
+            let stored = if set.target.tenant.is_empty() {
+                client
+                    .set_policy(queue, &set.target.producer, policy, set.replace)
+                    .await?
+            } else {
+                client
+                    .set_tenant_policy(queue, &set.target.tenant, policy, set.replace)
+                    .await?
+            };
             println!("{}", serde_json::json!({ "stored": policy_json(&stored) }));
         }
         PolicyCommand::Get(target) => {
             let client = crate::dial(&target.queue.addr)?;
-            let answer = client
-                .get_policy(&target.queue.queue, &target.producer)
-                .await?;
             let json = |policy: &Option<Policy>| policy.as_ref().map(policy_json);
-            println!(
-                "{}",
-                serde_json::json!({
-                    "queue_defaults": json(&answer.queue_defaults),
-                    "producer_override": json(&answer.producer_override),
-                    "effective": json(&answer.effective),
-                })
-            );
+            if target.tenant.is_empty() {
+                let answer = client
+                    .get_policy(&target.queue.queue, &target.producer)
+                    .await?;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "queue_defaults": json(&answer.queue_defaults),
+                        "producer_override": json(&answer.producer_override),
+                        "effective": json(&answer.effective),
+                    })
+                );
+            } else {
+                let answer = client
+                    .get_tenant_policy(&target.queue.queue, &target.tenant)
+                    .await?;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "queue_defaults": json(&answer.queue_defaults),
+                        "tenant_policy": json(&answer.tenant_policy),
+                    })
+                );
+            }
         }
     }
     Ok(())

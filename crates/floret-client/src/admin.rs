@@ -69,6 +69,7 @@ impl Client {
             producer_id: producer_id.to_owned(),
             policy: Some(policy),
             replace,
+            tenant: String::new(),
         };
         Ok(self
             .admin
@@ -89,6 +90,48 @@ impl Client {
         let request = v1::GetPolicyRequest {
             queue: queue.to_owned(),
             producer_id: producer_id.to_owned(),
+            tenant: String::new(),
+        };
+        Ok(self.admin.clone().get_policy(request).await?.into_inner())
+    }
+
+    /// Sets `tenant`'s policy in `queue`: its weight among the queue's
+    /// tenants, on every node (`policy.weight` is the only setting a
+    /// tenant's policy takes). Returns the policy as stored.
+    pub async fn set_tenant_policy(
+        &self,
+        queue: &str,
+        tenant: &str,
+        policy: Policy,
+        replace: bool,
+    ) -> Result<Policy, ClientError> {
+        let request = v1::SetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: String::new(),
+            policy: Some(policy),
+            replace,
+            tenant: tenant.to_owned(),
+        };
+        Ok(self
+            .admin
+            .clone()
+            .set_policy(request)
+            .await?
+            .into_inner()
+            .stored
+            .unwrap_or_default())
+    }
+
+    /// `queue`'s defaults and `tenant`'s policy in it.
+    pub async fn get_tenant_policy(
+        &self,
+        queue: &str,
+        tenant: &str,
+    ) -> Result<GetPolicyResponse, ClientError> {
+        let request = v1::GetPolicyRequest {
+            queue: queue.to_owned(),
+            producer_id: String::new(),
+            tenant: tenant.to_owned(),
         };
         Ok(self.admin.clone().get_policy(request).await?.into_inner())
     }

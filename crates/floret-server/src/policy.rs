@@ -7,7 +7,78 @@ use floret_proto::v1;
 use floret_sched::ProducerPolicy;
 use floret_store::policy::{Expiry, Overflow, Policy};
 
-use crate::request::InvalidRequest;
+use crate::auth::{TENANT_SEPARATOR, TenantName};
+use crate::request::{self, InvalidRequest};
+
+/// Whose policy a request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyOwner {
+    /// The queue's defaults, stored in every shard.
+    Queue,
+    /// One producer's override, stored in its shard.
+    Producer(String),
+    /// A tenant's policy in the queue (its weight among the queue's
+    /// tenants), stored in every shard as the override of the producer id
+    /// `tenant/`, which no producer has (a tenant's producers are
+    /// `tenant/name` with a name of at least one character).
+    Tenant(String),
+}
+
+impl PolicyOwner {
+    /// The owner a request's `producer_id` and `tenant` name; both at once
+    /// is INVALID_ARGUMENT, as is a producer id that is a tenant's key.
+    pub fn of(producer_id: &str, tenant: &str) -> Result<Self, InvalidRequest> {
+        match (producer_id.is_empty(), tenant.is_empty()) {
+            (true, true) => Ok(Self::Queue),
+            (false, true) if tenant_of_policy_key(producer_id).is_some() => {
+                Err(InvalidRequest::Malformed(
+                    "a producer id `tenant/` names that tenant's policy: set it with `tenant`",
+                ))
+            }
+            (false, true) => Ok(Self::Producer(request::producer_id(producer_id)?)),
+            (true, false) => TenantName::parse(tenant)
+                .map(|tenant| Self::Tenant(tenant.to_owned()))
+                .map_err(|_| {
+                    InvalidRequest::Malformed(
+                        "a tenant name is ASCII letters, digits, `_` and `-`, at most 64 bytes",
+                    )
+                }),
+            (false, false) => Err(InvalidRequest::Malformed(
+                "a policy is a producer's or a tenant's, not both: leave producer_id or tenant empty",
+            )),
+        }
+    }
+
+    /// The producer id the policy is stored under; None for the queue's defaults.
+    pub fn stored_as(&self) -> Option<String> {
+        match self {
+            Self::Queue => None,
+            Self::Producer(producer) => Some(producer.clone()),
+            Self::Tenant(tenant) => Some(format!("{tenant}{TENANT_SEPARATOR}")),
+        }
+    }
+}
+
+/// The tenant whose policy is stored under producer id `producer`, if it
+/// is such a key (`tenant/`).
+pub fn tenant_of_policy_key(producer: &str) -> Option<&str> {
+    let tenant = producer.strip_suffix(TENANT_SEPARATOR)?;
+    (!tenant.is_empty() && !tenant.contains(TENANT_SEPARATOR)).then_some(tenant)
+}
+
+/// A tenant's policy sets only its weight.
+pub fn check_tenant_policy(policy: &Policy) -> Result<(), InvalidRequest> {
+    let weight_only = Policy {
+        weight: policy.weight,
+        ..Policy::default()
+    };
+    if *policy != weight_only {
+        return Err(InvalidRequest::Malformed(
+            "a tenant's policy sets only weight (per-tenant limits are not there yet)",
+        ));
+    }
+    Ok(())
+}
 
 /// A policy from the wire, refusing settings that cannot work (a zero
 /// weight, a zero TTL...) with INVALID_ARGUMENT.

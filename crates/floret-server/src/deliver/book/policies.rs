@@ -1,5 +1,7 @@
 //! Following policy changes: the scheduler takes the producers' weights,
-//! tiers and in-flight limits from the shard's replicated policies.
+//! tiers and in-flight limits, and the tenants' weights, from the shard's
+//! replicated policies (a tenant's policy is stored in every shard as the
+//! override of producer id `tenant/`, [`policy::PolicyOwner::Tenant`]).
 
 use std::sync::Arc;
 
@@ -37,6 +39,15 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
                     self.apply_overrides(shard, queue, &policies);
                 }
             }
+            Some(producer) if let Some(tenant) = policy::tenant_of_policy_key(producer) => {
+                let weight = self
+                    .shards
+                    .stored_policy(shard, queue, Some(producer))
+                    .weight;
+                self.queue(queue)
+                    .scheduler
+                    .set_tenant_weight(&tenant.to_owned(), weight);
+            }
             Some(producer) if self.leads(shard) => {
                 let stored = self.shards.stored_policy(shard, queue, Some(producer));
                 let scheduling = (!stored.is_empty())
@@ -50,8 +61,9 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
         self.pump(queue, now);
     }
 
-    /// Gives the scheduler of `queue` the overrides of `shard`'s producers,
-    /// as `policies` (the shard's table, read once by the caller) has them.
+    /// Gives the scheduler of `queue` the overrides of `shard`'s producers
+    /// and the queue's tenant weights, as `policies` (the shard's table,
+    /// read once by the caller) has them.
     pub(super) fn apply_overrides(
         &mut self,
         shard: ShardId,
@@ -60,6 +72,11 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
     ) {
         let scheduler = &mut self.queue(queue).scheduler;
         for producer in policies.overridden(queue) {
+            if let Some(tenant) = policy::tenant_of_policy_key(producer) {
+                let weight = policies.stored(queue, Some(producer)).weight;
+                scheduler.set_tenant_weight(&tenant.to_owned(), weight);
+                continue;
+            }
             let policy = policies.effective(queue, producer);
             scheduler.set_policy(
                 &ProducerKey::new(shard, producer),

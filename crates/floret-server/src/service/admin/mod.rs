@@ -171,8 +171,8 @@ impl v1::admin_server::Admin for AdminService {
             &caller,
             "SetPolicy",
             &format!(
-                "queue {:?} producer {:?}",
-                request.queue, request.producer_id
+                "queue {:?} producer {:?} tenant {:?}",
+                request.queue, request.producer_id, request.tenant
             ),
         );
         self.set_policy_in_shards(request).await

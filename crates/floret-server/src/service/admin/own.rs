@@ -8,7 +8,8 @@ use floret_proto::v1;
 use tonic::Status;
 
 use super::AdminService;
-use super::policies::{dead_letter_listing, optional_producer};
+use super::policies::dead_letter_listing;
+use crate::policy::PolicyOwner;
 use crate::request;
 
 impl AdminService {
@@ -41,8 +42,8 @@ impl AdminService {
         request: &v1::GetPolicyRequest,
     ) -> Result<v1::GetPolicyResponse, Status> {
         let queue = request::queue_name(&request.queue)?;
-        let producer = optional_producer(&request.producer_id)?;
-        let shard = self.policy_shard(&queue, producer.as_deref());
-        self.policy_from_own_replica(&queue, producer.as_deref(), shard)
+        let owner = PolicyOwner::of(&request.producer_id, &request.tenant)?;
+        let shard = self.policy_shard(&queue, &owner);
+        self.policy_from_own_replica(&queue, &owner, shard)
     }
 }

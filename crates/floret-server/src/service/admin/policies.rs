@@ -23,7 +23,7 @@ use tonic::{Response, Status};
 
 use super::AdminService;
 use crate::error::RequestError;
-use crate::policy;
+use crate::policy::{self, PolicyOwner};
 use crate::request;
 use crate::request::InvalidRequest;
 use crate::service::now_unix_ms;
@@ -39,16 +39,19 @@ impl AdminService {
         request: v1::SetPolicyRequest,
     ) -> Result<Response<v1::SetPolicyResponse>, Status> {
         let queue = request::queue_name(&request.queue)?;
-        let producer = optional_producer(&request.producer_id)?;
+        let owner = PolicyOwner::of(&request.producer_id, &request.tenant)?;
         let policy = policy::from_wire(request.policy)?;
+        if matches!(owner, PolicyOwner::Tenant(_)) {
+            policy::check_tenant_policy(&policy)?;
+        }
         let placement = self.shards.placement();
-        let shards: Vec<ShardId> = match &producer {
-            Some(producer) => vec![placement.shard_of(&queue, producer)],
-            None => (0..placement.shard_count()).collect(),
+        let shards: Vec<ShardId> = match &owner {
+            PolicyOwner::Producer(producer) => vec![placement.shard_of(&queue, producer)],
+            PolicyOwner::Queue | PolicyOwner::Tenant(_) => (0..placement.shard_count()).collect(),
         };
         let change = SetPolicy {
             queue,
-            producer,
+            producer: owner.stored_as(),
             policy,
             replace: request.replace,
         };
@@ -83,32 +86,35 @@ impl AdminService {
         request: v1::GetPolicyRequest,
     ) -> Result<Response<v1::GetPolicyResponse>, Status> {
         let queue = request::queue_name(&request.queue)?;
-        let producer = optional_producer(&request.producer_id)?;
-        let shard = self.policy_shard(&queue, producer.as_deref());
+        let owner = PolicyOwner::of(&request.producer_id, &request.tenant)?;
+        let shard = self.policy_shard(&queue, &owner);
         if self.shards.group(shard).is_none() {
             return self
                 .get_policy_from(self.shards.route(shard), request)
                 .await;
         }
-        self.policy_from_own_replica(&queue, producer.as_deref(), shard)
+        self.policy_from_own_replica(&queue, &owner, shard)
             .map(Response::new)
     }
 
     /// The shard a policy is read from: the producer's, or for a queue's
-    /// defaults (committed in every shard) the first shard this node holds.
-    pub(super) fn policy_shard(&self, queue: &str, producer: Option<&str>) -> ShardId {
-        match producer {
-            Some(producer) => self.shards.placement().shard_of(queue, producer),
-            None => self.shards.groups().next().map_or(0, |group| group.id),
+    /// defaults or a tenant's policy (committed in every shard) the first
+    /// shard this node holds.
+    pub(super) fn policy_shard(&self, queue: &str, owner: &PolicyOwner) -> ShardId {
+        match owner {
+            PolicyOwner::Producer(producer) => self.shards.placement().shard_of(queue, producer),
+            PolicyOwner::Queue | PolicyOwner::Tenant(_) => {
+                self.shards.groups().next().map_or(0, |group| group.id)
+            }
         }
     }
 
-    /// `queue`'s policy (and `producer`'s, if given) as this node's replica
-    /// of `shard` holds it.
+    /// `queue`'s policy (and its producer's or tenant's, if `owner` names
+    /// one) as this node's replica of `shard` holds it.
     pub(super) fn policy_from_own_replica(
         &self,
         queue: &str,
-        producer: Option<&str>,
+        owner: &PolicyOwner,
         shard: ShardId,
     ) -> Result<v1::GetPolicyResponse, Status> {
         let Some(group) = self.shards.group(shard) else {
@@ -118,17 +124,28 @@ impl AdminService {
             ))));
         };
         let defaults = group.reader.stored_policy(queue, None);
-        let (own, effective) = match producer {
-            Some(producer) => (
+        let (own, effective, tenant) = match owner {
+            PolicyOwner::Producer(producer) => (
                 group.reader.stored_policy(queue, Some(producer)),
                 group.reader.policy(queue, producer),
+                None,
             ),
-            None => (Default::default(), defaults),
+            PolicyOwner::Tenant(_) => (
+                Default::default(),
+                defaults,
+                Some(
+                    group
+                        .reader
+                        .stored_policy(queue, owner.stored_as().as_deref()),
+                ),
+            ),
+            PolicyOwner::Queue => (Default::default(), defaults, None),
         };
         Ok(v1::GetPolicyResponse {
             queue_defaults: Some(policy::to_wire(defaults)),
             producer_override: Some(policy::to_wire(own)),
             effective: Some(policy::to_wire(policy::with_defaults(effective))),
+            tenant_policy: tenant.map(policy::to_wire),
         })
     }
 
@@ -273,7 +290,6 @@ impl AdminService {
     }
 }
 
-/// An empty producer id means "the queue's defaults".
 /// The queue and the number of dead letters a listing asks for.
 pub(super) fn dead_letter_listing(
     request: &v1::ListDeadLettersRequest,
@@ -284,13 +300,6 @@ pub(super) fn dead_letter_listing(
         limit => limit.min(MAX_DEAD_LETTER_LIMIT),
     };
     Ok((queue, limit))
-}
-
-pub(super) fn optional_producer(producer: &str) -> Result<Option<String>, Status> {
-    if producer.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(request::producer_id(producer)?))
 }
 
 /// `<shard>:<id>` as [`dead_letter`] writes it.
