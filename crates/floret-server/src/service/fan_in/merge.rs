@@ -288,7 +288,9 @@ impl Merge {
 
     /// Source `source` reported its backlog (None: its stream closed):
     /// every source's weight is computed again, and each source whose
-    /// tenants' shares changed is told them.
+    /// tenants' shares changed is told them (with the cross-node split off,
+    /// backlogged nodes get equal credits whatever their tenants, so every
+    /// tenant keeps a whole share).
     fn on_report(&mut self, source: SourceIndex, report: Option<BacklogReport>) {
         if self.reports[source] == report {
             return;
@@ -298,6 +300,9 @@ impl Merge {
             self.reports.iter().map(Option::as_ref).collect();
         let SourceShares { weights, shares } = source_shares(&reports);
         self.reported = weights;
+        if !self.cross_node_split {
+            return;
+        }
         for (source, shares) in shares.into_iter().enumerate() {
             if !self.connected[source] || self.shares_sent[source].as_ref() == Some(&shares) {
                 continue;
