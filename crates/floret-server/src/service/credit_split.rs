@@ -4,6 +4,12 @@
 //! in proportion to its weight: the backlogged weight it reports on its
 //! consume stream. A node that was not eligible starts level with the others
 //! when it becomes eligible again, so it neither starves them nor bursts.
+//! And no node is ever more than [`MAX_LEAD_CREDITS`] ahead of the one
+//! furthest behind, at its current weight: weights change scale (every
+//! idle node weighs 1, a backlogged one its reported weight), and a lead
+//! built up at weight 1, where a credit advances a node's pass by 1, took
+//! a thousand credits to work off at weight 500; the nodes it was ahead
+//! of went without credits for seconds meanwhile.
 //!
 //! Pure bookkeeping: no I/O, no clock.
 //!
@@ -13,6 +19,11 @@
 
 /// Passes above this are rebased towards zero.
 const REBASE_ABOVE: f64 = 1e12;
+
+/// How many credits, at its current weight, a source's pass may be ahead of
+/// the lowest one: in steady state passes stay within one credit of each
+/// other, so this only trims leads left over from other weights.
+const MAX_LEAD_CREDITS: f64 = 2.0;
 
 /// Splits credits between sources by weight.
 #[derive(Debug, Clone)]
@@ -54,6 +65,13 @@ impl CreditSplit {
                 self.passes[i] = self.passes[i].max(level);
             }
             *was_eligible = now_eligible;
+        }
+        let level = eligible
+            .iter()
+            .map(|&i| self.passes[i])
+            .fold(f64::INFINITY, f64::min);
+        for &i in &eligible {
+            self.passes[i] = self.passes[i].min(level + MAX_LEAD_CREDITS / weights[i] as f64);
         }
         for _ in 0..credits {
             let next = eligible
@@ -107,6 +125,22 @@ mod tests {
         split.split(1_000, &[0, 1]);
         let grants = split.split(100, &[1, 1]);
         assert_eq!(grants, [50, 50]);
+    }
+
+    #[test]
+    fn a_lead_built_at_weight_one_does_not_starve_the_others_at_real_weights() {
+        // While nothing is backlogged every node weighs 1 and a credit moves
+        // its pass by a whole 1, so the remote nodes can end that phase a
+        // credit ahead of the local one (a soak caught 17 against 18). At
+        // weights in the hundreds, a lead of 1 is hundreds of credits.
+        let mut split = CreditSplit::new(3);
+        split.split(3, &[1, 1, 1]);
+        split.passes = vec![17.0, 18.0, 18.0];
+        let grants = split.split(100, &[500, 250, 250]);
+        assert!(
+            grants[1] >= 20 && grants[2] >= 20,
+            "the remote nodes waited for the local one to work off their lead: {grants:?}"
+        );
     }
 
     #[test]
