@@ -222,6 +222,20 @@ impl Harness {
         }
     }
 
+    /// A book over `shard_count` shards whose producers `tenant/name` fall
+    /// into tenants, as with token keys.
+    pub fn namespaced(shard_count: usize) -> Self {
+        let mut harness = Self::new(shard_count);
+        let shards = harness.shards.clone();
+        let config = SchedulerConfig {
+            default_weight: 1,
+            lease_timeout: LEASE_TIMEOUT,
+        };
+        harness.book =
+            DispatchBook::new(shards, config, MAX_CREDITS).with_tenancy(super::Tenancy::Namespaced);
+        harness
+    }
+
     pub fn now(&self) -> Now {
         Now {
             instant: self.start + self.elapsed,

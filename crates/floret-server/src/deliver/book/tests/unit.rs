@@ -6,7 +6,7 @@ use floret_store::policy::Policy;
 
 use super::{Harness, LEASE_TIMEOUT, MAX_CREDITS, TENANT, owner};
 use crate::deliver::book::pump::DISCARDS_PER_PUMP;
-use crate::deliver::{SettleCode, SettleKind, SettledBy};
+use crate::deliver::{ConsumerEvent, SettleCode, SettleKind, SettledBy, TenantShare};
 use crate::delivery_id::DeliveryId;
 
 fn id(producer: &str, sequence: u64, attempt: u32) -> DeliveryId {
@@ -295,4 +295,64 @@ fn each_delivery_of_a_message_gets_a_fresh_random_part() {
     let second = harness.ticket(&id("a", 0, 2));
     assert_ne!(first.nonce, second.nonce);
     assert_ne!(second.nonce, 0);
+}
+
+/// Tenants of `deliveries` in order, one letter each (`a` for `acme`).
+fn tenant_letters(deliveries: &[(u64, DeliveryId)]) -> String {
+    deliveries
+        .iter()
+        .map(|(_, id)| id.producer.chars().next().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_tenant_with_most_of_its_backlog_elsewhere_gets_its_share_here() {
+    let mut harness = Harness::namespaced(1);
+    harness.leadership(0, true);
+    harness.produce(0, "q", "acme/p1", 100, None);
+    harness.produce(0, "q", "initech/p1", 100, None);
+    let consumer = harness.subscribe("q", 0);
+    let reports: Vec<_> = harness
+        .take_events()
+        .into_iter()
+        .filter_map(|(_, event)| match event {
+            ConsumerEvent::Backlog(report) => Some(report),
+            _ => None,
+        })
+        .collect();
+    let tenants: Vec<(&str, u64)> = reports[0]
+        .tenants
+        .iter()
+        .map(|tenant| (tenant.tenant.as_str(), tenant.producer_weight))
+        .collect();
+    assert_eq!(tenants, [("acme", 1), ("initech", 1)]);
+    let now = harness.now();
+    harness.book.tenant_shares(
+        consumer,
+        vec![TenantShare {
+            tenant: "acme".into(),
+            share: floret_sched::WHOLE_SHARE / 3 + 1,
+        }],
+        now,
+    );
+    harness.credit(consumer, 40, false);
+    let order = tenant_letters(&harness.take_deliveries());
+    assert_eq!(order.matches('a').count(), 10, "{order}");
+}
+
+#[test]
+fn a_tenant_policy_weighs_the_tenant_not_a_producer() {
+    let mut harness = Harness::namespaced(1);
+    harness.leadership(0, true);
+    harness.produce(0, "q", "acme/p1", 100, None);
+    harness.produce(0, "q", "acme/p2", 100, None);
+    harness.produce(0, "q", "initech/p1", 100, None);
+    let weight_three = Policy {
+        weight: Some(3),
+        ..Policy::default()
+    };
+    harness.set_policy(0, "q", Some("acme/"), weight_three);
+    harness.subscribe("q", 40);
+    let order = tenant_letters(&harness.take_deliveries());
+    assert_eq!(order.matches('a').count(), 30, "{order}");
 }
