@@ -444,6 +444,22 @@ async fn bad_policy_settings_and_dead_letter_ids_are_refused_clearly() {
         "{}",
         status.message()
     );
+    let weight_three = Policy {
+        weight: Some(3),
+        ..Policy::default()
+    };
+    let status = status_of(
+        client
+            .set_tenant_policy(QUEUE, "acme", weight_three, false)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (status.code(), status.message().contains("token keys")),
+        (Code::FailedPrecondition, true),
+        "a tenant weight on a node without tenants: {}",
+        status.message()
+    );
     produce(&client, "p", &["still serving"]).await.unwrap();
 }
 

@@ -412,6 +412,7 @@ impl NodeParts<'_> {
             self.advertised,
             self.gossip,
             self.fault,
+            config.auth.enabled(),
         ));
         Services {
             floret: FloretService::new(produce.clone(), consumers.clone()),

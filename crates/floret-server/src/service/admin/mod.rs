@@ -54,11 +54,16 @@ pub struct AdminService {
     /// This node's gossip (none on a one-node cluster).
     gossip: Option<GossipStatus>,
     fault: NodeFault,
+    /// Whether producers fall into tenants: without token keys every
+    /// producer is the anonymous tenant's, and a tenant's policy would
+    /// weigh nothing.
+    tenants: bool,
 }
 
 impl AdminService {
     /// A service over the node's shards and dispatcher; `address` is what
-    /// clients dial, `fault` why the node stopped serving, if it did.
+    /// clients dial, `fault` why the node stopped serving, if it did;
+    /// `tenants` whether producers fall into tenants (token keys are set).
     pub fn new(
         shards: Arc<Shards>,
         dispatcher: DispatcherHandle,
@@ -66,6 +71,7 @@ impl AdminService {
         address: String,
         gossip: Option<GossipStatus>,
         fault: NodeFault,
+        tenants: bool,
     ) -> Self {
         Self {
             shards,
@@ -74,6 +80,7 @@ impl AdminService {
             address,
             gossip,
             fault,
+            tenants,
         }
     }
 }

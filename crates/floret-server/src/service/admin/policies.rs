@@ -42,6 +42,11 @@ impl AdminService {
         let owner = PolicyOwner::of(&request.producer_id, &request.tenant)?;
         let policy = policy::from_wire(request.policy)?;
         if matches!(owner, PolicyOwner::Tenant(_)) {
+            if !self.tenants {
+                return Err(Status::failed_precondition(
+                    "tenant policies need token keys: without them every producer belongs to one anonymous tenant, so a tenant's weight would change nothing",
+                ));
+            }
             policy::check_tenant_policy(&policy)?;
         }
         let placement = self.shards.placement();
