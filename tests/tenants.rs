@@ -55,6 +55,13 @@ impl Issuer {
         FloretProcess::start(&dir.join("node"), &args)
     }
 
+    /// Three nodes under `dir` that take tokens signed by this issuer.
+    fn start_cluster(&self, dir: &Path) -> Cluster {
+        let flag = self.token_keys_flag();
+        let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+        Cluster::start(dir, 3, &args)
+    }
+
     fn token_keys_flag(&self) -> [String; 2] {
         ["--token-keys".into(), self.public_key.display().to_string()]
     }
@@ -277,12 +284,7 @@ async fn a_tenants_calls_through_another_node_lose_its_namespace() {
     let _one_cluster = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new(dir.path());
-    let flag = issuer.token_keys_flag();
-    let cluster = Cluster::start(
-        dir.path(),
-        3,
-        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let cluster = issuer.start_cluster(dir.path());
     let both = [Role::Produce, Role::Consume];
     let acme_token = issuer.token("acme", &both, &["acme.*"], 600);
     let globex_token = issuer.token("globex", &both, &["globex.*"], 600);
@@ -344,12 +346,7 @@ async fn a_tenant_settles_another_tenants_deliveries_in_a_queue_both_consume() {
     let _one_cluster = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new(dir.path());
-    let flag = issuer.token_keys_flag();
-    let cluster = Cluster::start(
-        dir.path(),
-        3,
-        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let cluster = issuer.start_cluster(dir.path());
     let both = [Role::Produce, Role::Consume];
     let acme_token = issuer.token("acme", &both, &["shared.*"], 600);
     let globex_token = issuer.token("globex", &both, &["shared.*"], 600);
@@ -501,12 +498,7 @@ async fn a_tenant_spread_over_three_nodes_takes_a_share_from_each() {
     let _one_cluster = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let issuer = Issuer::new(dir.path());
-    let flag = issuer.token_keys_flag();
-    let cluster = Cluster::start(
-        dir.path(),
-        3,
-        &flag.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let cluster = issuer.start_cluster(dir.path());
     let produce_only = [Role::Produce];
     let sybil_token = issuer.token("sybil", &produce_only, &["shared.*"], 600);
     let honest_token = issuer.token("honest", &produce_only, &["shared.*"], 600);

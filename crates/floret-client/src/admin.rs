@@ -64,21 +64,14 @@ impl Client {
         policy: Policy,
         replace: bool,
     ) -> Result<Policy, ClientError> {
-        let request = v1::SetPolicyRequest {
+        self.set_stored_policy(v1::SetPolicyRequest {
             queue: queue.to_owned(),
             producer_id: producer_id.to_owned(),
             policy: Some(policy),
             replace,
             tenant: String::new(),
-        };
-        Ok(self
-            .admin
-            .clone()
-            .set_policy(request)
-            .await?
-            .into_inner()
-            .stored
-            .unwrap_or_default())
+        })
+        .await
     }
 
     /// `queue`'s defaults, a producer's override and what is in force for it.
@@ -105,13 +98,21 @@ impl Client {
         policy: Policy,
         replace: bool,
     ) -> Result<Policy, ClientError> {
-        let request = v1::SetPolicyRequest {
+        self.set_stored_policy(v1::SetPolicyRequest {
             queue: queue.to_owned(),
             producer_id: String::new(),
             policy: Some(policy),
             replace,
             tenant: tenant.to_owned(),
-        };
+        })
+        .await
+    }
+
+    /// Sends `request`; returns the policy as stored.
+    async fn set_stored_policy(
+        &self,
+        request: v1::SetPolicyRequest,
+    ) -> Result<Policy, ClientError> {
         Ok(self
             .admin
             .clone()

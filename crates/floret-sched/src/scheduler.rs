@@ -199,7 +199,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     /// Per tenant with a producer in a ring: the tenant, the sum of the
     /// weights of those producers, and the tenant's weight; what a node
     /// reports so the cluster can compute each tenant's share on it.
-    /// O(tenants in rings).
+    /// O(the most tenants that held messages at once, per tier in use).
     pub fn backlogged_tenant_weights(&self) -> Vec<(T, u64, u32)> {
         let mut by_tenant: HashMap<usize, u64> = HashMap::new();
         for tier in self.tiers.values() {
