@@ -22,12 +22,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use floret_cluster::{Shards, batched, decode, encode};
-use floret_proto::peer::v1::raft_answer::Outcome;
 use floret_proto::peer::v1::{self, peer_server::Peer};
 use floret_store::{NodeId, ShardId, TypeConfig};
 use futures::{Stream, StreamExt};
 use openraft::error::{InstallSnapshotError, RaftError};
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest, VoteResponse};
+use openraft::raft::{InstallSnapshotRequest, VoteRequest, VoteResponse};
 use tokio::sync::{mpsc, watch};
 use tonic::Streaming;
 use tonic::{Request, Response, Status};
@@ -43,6 +42,9 @@ use crate::produce::ProducePipeline;
 use crate::produce::proposer::Proposers;
 use crate::raft_inputs::{self, SnapshotChunks};
 use crate::request::InvalidRequest;
+use raft::{answer_bytes, append, may_block, raft_of, undecodable};
+
+mod raft;
 
 /// Serves the other nodes.
 pub struct PeerService {
@@ -99,66 +101,6 @@ impl PeerService {
     fn raft(&self, shard: ShardId) -> Result<&floret_store::Raft, Status> {
         raft_of(&self.shards, shard)
     }
-}
-
-/// The raft group of `shard` on this node.
-fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
-    shards.group(shard).map(|group| &group.raft).ok_or_else(|| {
-        Status::from(RequestError::unavailable(format!(
-            "node {} holds no replica of shard {shard}",
-            shards.node_id()
-        )))
-    })
-}
-
-/// Hands one append-entries call to its shard's group; a call that reaches
-/// no group is refused with the reason a unary call would have failed with.
-/// `caller` is the member the stream's certificate names, if identified.
-async fn append(
-    shards: &Shards,
-    caller: Option<NodeId>,
-    shard: ShardId,
-    payload: &[u8],
-) -> Outcome {
-    let handed = raft_of(shards, shard).and_then(|raft| {
-        let request: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(undecodable)?;
-        check_sender(caller, request.vote.leader_id.node_id)?;
-        raft_inputs::check_append(&request).map_err(InvalidRequest::from)?;
-        Ok((raft.clone(), request))
-    });
-    match handed {
-        Ok((raft, request)) => {
-            shards.heard_from_leader(shard);
-            let result: Result<_, RaftError<NodeId>> = raft.append_entries(request).await;
-            Outcome::Payload(encode(&result))
-        }
-        Err(status) => Outcome::Refused(status.message().to_owned()),
-    }
-}
-
-/// Runs `work`, which may take long (the last chunk of a snapshot checks
-/// the whole image), without holding up the other tasks of this worker.
-fn may_block<R>(work: impl FnOnce() -> R) -> R {
-    let flavor = tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor());
-    match flavor {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
-    }
-}
-
-fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
-    match &answer.outcome {
-        Some(Outcome::Payload(payload)) => payload.len(),
-        Some(Outcome::Refused(why)) => why.len(),
-        None => 0,
-    }
-}
-
-fn undecodable(error: postcard::Error) -> Status {
-    Status::from(InvalidRequest::Undecodable {
-        what: "raft message",
-        reason: error.to_string(),
-    })
 }
 
 impl PeerService {

@@ -1,0 +1,76 @@
+//! The raft side of the peer service, below its handlers: which raft
+//! group a call is for, one append of an append stream handed to its
+//! group (checked against the stream's caller), and the small helpers the
+//! raft handlers share. The handlers themselves are `peer.rs`'s.
+
+use floret_cluster::{Shards, decode, encode};
+use floret_proto::peer::v1::{self, raft_answer::Outcome};
+use floret_store::{NodeId, ShardId, TypeConfig};
+use openraft::error::RaftError;
+use openraft::raft::AppendEntriesRequest;
+use tonic::Status;
+
+use super::peer_identity::check_sender;
+use crate::error::RequestError;
+use crate::raft_inputs;
+use crate::request::InvalidRequest;
+
+/// The raft group of `shard` on this node.
+pub(super) fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
+    shards.group(shard).map(|group| &group.raft).ok_or_else(|| {
+        Status::from(RequestError::unavailable(format!(
+            "node {} holds no replica of shard {shard}",
+            shards.node_id()
+        )))
+    })
+}
+
+/// Hands one append-entries call to its shard's group; a call that reaches
+/// no group is refused with the reason a unary call would have failed with.
+/// `caller` is the member the stream's certificate names, if identified.
+pub(super) async fn append(
+    shards: &Shards,
+    caller: Option<NodeId>,
+    shard: ShardId,
+    payload: &[u8],
+) -> Outcome {
+    let handed = raft_of(shards, shard).and_then(|raft| {
+        let request: AppendEntriesRequest<TypeConfig> = decode(payload).map_err(undecodable)?;
+        check_sender(caller, request.vote.leader_id.node_id)?;
+        raft_inputs::check_append(&request).map_err(InvalidRequest::from)?;
+        Ok((raft.clone(), request))
+    });
+    match handed {
+        Ok((raft, request)) => {
+            shards.heard_from_leader(shard);
+            let result: Result<_, RaftError<NodeId>> = raft.append_entries(request).await;
+            Outcome::Payload(encode(&result))
+        }
+        Err(status) => Outcome::Refused(status.message().to_owned()),
+    }
+}
+
+/// Runs `work`, which may take long (the last chunk of a snapshot checks
+/// the whole image), without holding up the other tasks of this worker.
+pub(super) fn may_block<R>(work: impl FnOnce() -> R) -> R {
+    let flavor = tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor());
+    match flavor {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}
+
+pub(super) fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
+    match &answer.outcome {
+        Some(Outcome::Payload(payload)) => payload.len(),
+        Some(Outcome::Refused(why)) => why.len(),
+        None => 0,
+    }
+}
+
+pub(super) fn undecodable(error: postcard::Error) -> Status {
+    Status::from(InvalidRequest::Undecodable {
+        what: "raft message",
+        reason: error.to_string(),
+    })
+}
