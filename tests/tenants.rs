@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use floret_client::{Client, ClientError, ConsumerEvent, Delivery, Message, Policy};
+use floret_client::{Client, ClientError, ConsumerEvent, Delivery, Message, Policy, RetryPolicy};
 use floret_proto::v1;
 use floret_server::auth::{Role, SigningKey, TokenClaims};
 use tonic::Code;
@@ -55,6 +55,16 @@ impl Issuer {
         FloretProcess::start(&dir.join("node"), &args)
     }
 
+    /// Such a node, configured by the TOML `config` too.
+    fn start_configured_node(&self, dir: &Path, config: &str) -> FloretProcess {
+        let config_file = dir.join("floret.toml");
+        std::fs::write(&config_file, config).unwrap();
+        let mut args = self.token_keys_flag().to_vec();
+        args.extend(["--config".into(), config_file.display().to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        FloretProcess::start(&dir.join("node"), &args)
+    }
+
     /// Three nodes under `dir` that take tokens signed by this issuer.
     fn start_cluster(&self, dir: &Path) -> Cluster {
         let flag = self.token_keys_flag();
@@ -69,6 +79,22 @@ impl Issuer {
 
 fn as_tenant(address: &str, token: &str) -> Client {
     Client::connect_lazy_as(address, None, Some(token)).unwrap()
+}
+
+/// A tenant's client that gives up at the first refusal, to see it.
+fn impatient_tenant(address: &str, token: &str) -> Client {
+    as_tenant(address, token).with_retry(RetryPolicy {
+        give_up_after: Duration::ZERO,
+        ..RetryPolicy::default()
+    })
+}
+
+/// The status of a refused call.
+fn refusal(result: Result<impl std::fmt::Debug, ClientError>) -> tonic::Status {
+    match result {
+        Err(ClientError::Status(status)) => status,
+        other => panic!("not a refusal: {other:?}"),
+    }
 }
 
 fn code(result: Result<impl Sized, ClientError>) -> Code {
@@ -592,4 +618,61 @@ async fn a_tenant_spread_over_three_nodes_takes_a_share_from_each() {
     );
     let stored = admin.get_tenant_policy("shared.q", "sybil").await.unwrap();
     assert_eq!(stored.tenant_policy.unwrap().weight, Some(3));
+}
+
+#[tokio::test]
+async fn a_tenant_opening_more_producers_gets_more_room_on_a_full_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    let node = issuer.start_configured_node(
+        dir.path(),
+        "[backpressure]\nhigh_watermark_bytes = 200000\nlow_watermark_bytes = 100000\nretry_after_ms = 50\n",
+    );
+    let address = node.address.as_str();
+    let produce_only = [Role::Produce];
+    let sybil = impatient_tenant(address, &issuer.token("sybil", &produce_only, &["q"], 600));
+    let honest = impatient_tenant(address, &issuer.token("honest", &produce_only, &["q"], 600));
+    let batch = || -> Vec<Message> {
+        (0..50)
+            .map(|_| Message {
+                payload: vec![7; 128],
+                headers: Default::default(),
+            })
+            .collect()
+    };
+    for _ in 0..6 {
+        honest.produce("q", "only", batch()).await.unwrap();
+    }
+    let mut first_refusal = None;
+    'flood: for _round in 0..100 {
+        for producer in 0..20 {
+            if let Err(refused) = sybil.produce("q", &format!("p{producer}"), batch()).await {
+                first_refusal = Some(refusal(Err::<(), _>(refused)));
+                break 'flood;
+            }
+        }
+    }
+    let first_refusal = first_refusal.expect("the node throttled the flood");
+    assert_eq!(
+        first_refusal.code(),
+        Code::ResourceExhausted,
+        "{first_refusal:?}"
+    );
+    assert!(
+        first_refusal.message().contains("tenant \"sybil\" holds"),
+        "the tenant is over its share, not each of its producers: {first_refusal:?}"
+    );
+    assert!(
+        !first_refusal.message().contains("honest"),
+        "a refusal names no other tenant: {first_refusal:?}"
+    );
+    let fresh = refusal(sybil.produce("q", "fresh", batch()).await);
+    assert!(
+        fresh.message().contains("tenant \"sybil\" holds"),
+        "a new producer of a tenant over its share earns it no room: {fresh:?}"
+    );
+    honest
+        .produce("q", "only", batch())
+        .await
+        .expect("a tenant under its share is admitted on a full node, one producer or a hundred");
 }

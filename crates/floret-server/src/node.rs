@@ -396,6 +396,7 @@ impl NodeParts<'_> {
                 config.storage.min_free_bytes,
             ),
             self.advertised.clone(),
+            config.auth.enabled(),
         ));
         let consumers = fan_in::Sources {
             dispatcher: self.dispatcher.clone(),

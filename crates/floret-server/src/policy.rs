@@ -54,9 +54,14 @@ impl PolicyOwner {
         match self {
             Self::Queue => None,
             Self::Producer(producer) => Some(producer.clone()),
-            Self::Tenant(tenant) => Some(format!("{tenant}{TENANT_SEPARATOR}")),
+            Self::Tenant(tenant) => Some(tenant_policy_key(tenant)),
         }
     }
+}
+
+/// The producer id `tenant`'s policy is stored under (`tenant/`).
+pub fn tenant_policy_key(tenant: &str) -> String {
+    format!("{tenant}{TENANT_SEPARATOR}")
 }
 
 /// The tenant whose policy is stored under producer id `producer`, if it

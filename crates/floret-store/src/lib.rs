@@ -49,7 +49,10 @@ pub use database::{
 };
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
-pub use reader::{BacklogTotals, ProducerEntry, ShardReader};
+pub use reader::{
+    BacklogTotals, GroupTotals, PRODUCER_GROUP_SEPARATOR, ProducerEntry, ShardReader,
+    producer_group,
+};
 pub use resting::{LoggedPayload, RestingError};
 pub use snapshot::{CaptureError, SnapshotFile, SnapshotMeta, TreeImage, check_image};
 pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};

@@ -9,8 +9,8 @@ use floret_store::policy::{Overflow, Policy};
 use floret_store::records::ProducerRecord;
 use floret_store::{
     AppliedEvent, Command, CommandReply, Database, DeadLetterReason, DeadLetterSelection,
-    DelayedEnqueue, Discard, Discarded, Enqueue, IdleProducer, MessageRef, NewMessage, Op, OpReply,
-    SetPolicy, StateMachine, TypeConfig,
+    DelayedEnqueue, Discard, Discarded, Enqueue, GroupTotals, IdleProducer, MessageRef, NewMessage,
+    Op, OpReply, SetPolicy, StateMachine, TypeConfig,
 };
 use openraft::storage::RaftStateMachine;
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
@@ -423,6 +423,77 @@ async fn backlog_totals_follow_every_apply_and_a_reopen() {
         (totals.totals().bytes(), totals.totals().messages()),
         (remaining, 1)
     );
+}
+
+#[tokio::test]
+async fn group_totals_follow_applies_and_a_reopen_so_tenant_limits_see_the_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(0, None).unwrap();
+    let reader = state_machine.reader();
+    state_machine
+        .apply(vec![entry(
+            1,
+            vec![
+                enqueue("acme/a", &["x", "y"]),
+                enqueue("acme/b", &["z"]),
+                enqueue("globex/a", &["w"]),
+                enqueue("plain", &["v"]),
+            ],
+        )])
+        .await
+        .unwrap();
+    let acme = reader.totals().group(QUEUE, "acme");
+    assert_eq!((acme.messages, acme.producers), (3, 2));
+    let acme_bytes: u64 = ["acme/a", "acme/b"]
+        .iter()
+        .map(|p| reader.producer(QUEUE, p).unwrap().unwrap().bytes)
+        .sum();
+    assert_eq!(acme.bytes, acme_bytes);
+    assert_eq!(reader.totals().group(QUEUE, "globex").messages, 1);
+    assert_eq!(
+        reader.totals().group(QUEUE, "").messages,
+        1,
+        "an id without a group is in the empty group"
+    );
+    assert_eq!(
+        reader.totals().group("other", "acme"),
+        GroupTotals::default()
+    );
+    let removal = |producer: &str, sequence| MessageRef {
+        queue: QUEUE.into(),
+        producer: producer.into(),
+        sequence,
+    };
+    state_machine
+        .apply(vec![entry(
+            2,
+            vec![Op::Remove(vec![
+                removal("acme/b", 0),
+                removal("acme/a", 0),
+                removal("globex/a", 0),
+            ])],
+        )])
+        .await
+        .unwrap();
+    let acme = reader.totals().group(QUEUE, "acme");
+    assert_eq!((acme.messages, acme.producers), (1, 1));
+    let mut groups = Vec::new();
+    reader.totals().for_each_group(|queue, group, totals| {
+        groups.push((queue.to_owned(), group.to_owned(), totals.messages))
+    });
+    groups.sort();
+    assert_eq!(
+        groups,
+        [
+            (QUEUE.to_owned(), String::new(), 1),
+            (QUEUE.to_owned(), "acme".to_owned(), 1)
+        ],
+        "a group that holds nothing any more is gone"
+    );
+    drop(state_machine);
+    let reopened = database.state_machine(0, None).unwrap();
+    assert_eq!(reopened.reader().totals().group(QUEUE, "acme"), acme);
 }
 
 #[tokio::test]

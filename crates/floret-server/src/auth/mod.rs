@@ -36,7 +36,7 @@ pub use token::{SigningKey, TokenClaims, TokenRefusal, TokenVerifier, VerifyKey}
 /// Longest tenant name.
 pub const MAX_TENANT_BYTES: usize = 64;
 /// What separates a tenant from its producer in a stored producer id.
-pub const TENANT_SEPARATOR: char = '/';
+pub const TENANT_SEPARATOR: char = floret_store::PRODUCER_GROUP_SEPARATOR;
 
 /// What a tenant may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -4,7 +4,10 @@
 //! - Room: a node past its high watermark of stored bytes throttles until
 //!   it is back under the low one; while it does, a producer already holding
 //!   more than its fair share of the node's bytes is refused, the others
-//!   are not.
+//!   are not. On a node with tenants the share is the tenant's first (the
+//!   node's bytes per tenant holding some, times the tenant's weight), then
+//!   the producer's within its tenant's share, so opening more producers
+//!   does not earn a tenant more room.
 //! - Rate: a producer over its `produce_rate` waits for its token bucket
 //!   (`rate.rs` keeps the buckets).
 //! - Limits: a producer whose `max_messages` / `max_bytes` a produce would
@@ -48,28 +51,80 @@ pub fn throttles(config: &BackpressureConfig, room: NodeRoom, throttled: bool) -
     }
 }
 
-/// A throttling node's verdict on a produce of `incoming` bytes from a
-/// producer of `weight` that holds `held` bytes: admitted while it stays
-/// within its fair share (the node's bytes per producer, times its weight).
+/// What a producer's tenant holds on a node, over all its queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantHolding<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// Its weight in the queue produced into.
+    pub weight: u32,
+    /// Bytes its producers store on the node.
+    pub bytes: u64,
+    /// Its producers with messages stored there.
+    pub producers: u64,
+    /// Tenants with messages stored on the node.
+    pub tenants: u64,
+}
+
+/// A producer asking a throttling node to store `incoming` more bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant<'a> {
+    /// Its id.
+    pub producer: &'a str,
+    /// Its weight.
+    pub weight: u32,
+    /// Bytes it stores on the node's shard.
+    pub held: u64,
+    /// Bytes the produce would store.
+    pub incoming: u64,
+    /// Its tenant's holding, on a node with tenants.
+    pub tenant: Option<TenantHolding<'a>>,
+}
+
+/// A throttling node's verdict on a produce: admitted while the producer
+/// stays within its fair share. Without tenants that is the node's bytes
+/// per producer, times its weight; with tenants, its tenant must stay
+/// within the node's bytes per tenant times the tenant's weight, and the
+/// producer within that share per producer of the tenant, times its weight.
 pub fn admit_on_full_node(
     config: &BackpressureConfig,
     room: NodeRoom,
-    producer: &str,
-    weight: u32,
-    held: u64,
-    incoming: u64,
+    claimant: Claimant<'_>,
 ) -> Result<(), RequestError> {
-    let share = room.stored_bytes / room.producers.max(1) * u64::from(weight.max(1));
-    if held + incoming <= share {
-        return Ok(());
-    }
-    Err(RequestError::Exhausted {
+    let Claimant {
+        producer,
+        weight,
+        held,
+        incoming,
+        tenant,
+    } = claimant;
+    let refused = |whose: String| RequestError::Exhausted {
         message: format!(
-            "this node stores {} bytes, over its high watermark of {}; producer {producer:?} holds {held} bytes, more than its fair share of {share}: nothing was stored, retry later (producers under their share are still accepted)",
+            "this node stores {} bytes, over its high watermark of {}; {whose}: nothing was stored, retry later (producers under their share are still accepted)",
             room.stored_bytes, config.high_watermark_bytes
         ),
         retry_after: Duration::from_millis(config.retry_after_ms),
-    })
+    };
+    let share = match tenant {
+        None => room.stored_bytes / room.producers.max(1) * u64::from(weight.max(1)),
+        Some(tenant) => {
+            let tenant_share =
+                room.stored_bytes / tenant.tenants.max(1) * u64::from(tenant.weight.max(1));
+            if tenant.bytes + incoming > tenant_share {
+                return Err(refused(format!(
+                    "tenant {:?} holds {} bytes, more than its fair share of {tenant_share}",
+                    tenant.tenant, tenant.bytes
+                )));
+            }
+            tenant_share / tenant.producers.max(1) * u64::from(weight.max(1))
+        }
+    };
+    if held + incoming <= share {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "producer {producer:?} holds {held} bytes, more than its fair share of {share}"
+    )))
 }
 
 /// Wait suggested while the disk is short of room: about one free-space sample.
@@ -192,17 +247,77 @@ mod tests {
         assert!(!throttles(&config, room(800, 1), true));
     }
 
+    fn claimant(producer: &str, weight: u32, held: u64, incoming: u64) -> Claimant<'_> {
+        Claimant {
+            producer,
+            weight,
+            held,
+            incoming,
+            tenant: None,
+        }
+    }
+
     #[test]
     fn a_full_node_refuses_the_flood_and_admits_a_quiet_producer() {
         let config = config();
         let full = room(1_200, 4);
-        let quiet = admit_on_full_node(&config, full, "quiet", 1, 0, 100);
+        let quiet = admit_on_full_node(&config, full, claimant("quiet", 1, 0, 100));
         assert_eq!(quiet, Ok(()));
-        let flood = admit_on_full_node(&config, full, "flood", 1, 1_000, 100).unwrap_err();
+        let flood =
+            admit_on_full_node(&config, full, claimant("flood", 1, 1_000, 100)).unwrap_err();
         assert_eq!(flood.retry_after(), Some(Duration::from_millis(250)));
         assert!(flood.to_string().contains("fair share of 300"), "{flood}");
-        let weighted = admit_on_full_node(&config, full, "heavy", 4, 1_000, 100);
+        let weighted = admit_on_full_node(&config, full, claimant("heavy", 4, 1_000, 100));
         assert_eq!(weighted, Ok(()), "weight 4 has four shares");
+    }
+
+    #[test]
+    fn a_tenant_with_a_hundred_producers_gets_no_more_room_than_a_tenant_with_one() {
+        let config = config();
+        let full = room(2_000, 101);
+        let of_tenant = |tenant, weight, bytes, producers| TenantHolding {
+            tenant,
+            weight,
+            bytes,
+            producers,
+            tenants: 2,
+        };
+        let sybil = Claimant {
+            tenant: Some(of_tenant("sybil", 1, 1_500, 100)),
+            ..claimant("sybil/p7", 1, 0, 10)
+        };
+        let refused = admit_on_full_node(&config, full, sybil).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("tenant \"sybil\" holds 1500 bytes, more than its fair share of 1000"),
+            "a producer holding nothing is still refused while its tenant is over: {refused}"
+        );
+        let honest = Claimant {
+            tenant: Some(of_tenant("honest", 1, 500, 1)),
+            ..claimant("honest/only", 1, 500, 10)
+        };
+        assert_eq!(
+            admit_on_full_node(&config, full, honest),
+            Ok(()),
+            "per producer it holds 25 times the node's average, per tenant it is under"
+        );
+        let weighted = Claimant {
+            tenant: Some(of_tenant("sybil", 3, 1_500, 100)),
+            ..claimant("sybil/p7", 1, 0, 10)
+        };
+        assert_eq!(admit_on_full_node(&config, full, weighted), Ok(()));
+        let hog_inside = Claimant {
+            tenant: Some(of_tenant("honest", 1, 500, 2)),
+            ..claimant("honest/hog", 1, 490, 20)
+        };
+        let refused = admit_on_full_node(&config, full, hog_inside).unwrap_err();
+        assert!(
+            refused.to_string().contains(
+                "producer \"honest/hog\" holds 490 bytes, more than its fair share of 500"
+            ),
+            "inside its tenant's share a producer gets its own: {refused}"
+        );
     }
 
     #[test]

@@ -69,17 +69,21 @@ pub struct ProducePipeline {
     /// This node's address as clients dial it, named in the answers to the
     /// produces it commits as leader.
     leader_address: String,
+    /// Whether producer ids are `tenant/producer` (a node with token keys).
+    tenants: bool,
 }
 
 impl ProducePipeline {
     /// The produce path over the node's shards, with its limits and
-    /// backpressure; `leader_address` is where clients dial this node.
+    /// backpressure; `leader_address` is where clients dial this node, and
+    /// `tenants` whether its producer ids are `tenant/producer`.
     pub fn new(
         shards: Arc<Shards>,
         router: ShardRouter,
         limits: Limits,
         backpressure: Backpressure,
         leader_address: String,
+        tenants: bool,
     ) -> Self {
         Self {
             shards,
@@ -88,6 +92,7 @@ impl ProducePipeline {
             rates: RateLimiter::default(),
             backpressure,
             leader_address,
+            tenants,
         }
     }
 
@@ -149,8 +154,14 @@ impl ProducePipeline {
         let (queue, producer) = (&batch.queue, &batch.producer);
         let policy = group.reader.policy(queue, producer);
         let weight = policy.weight.unwrap_or(1);
-        self.backpressure
-            .admit(&group.reader, queue, producer, weight, &batch.messages)?;
+        let tenant = self.tenants.then(|| floret_store::producer_group(producer));
+        self.backpressure.admit(
+            &group.reader,
+            queue,
+            (producer, weight),
+            tenant,
+            &batch.messages,
+        )?;
         if let Some(rate) = policy.produce_rate {
             let messages = batch.messages.len() as u64;
             let taken = self

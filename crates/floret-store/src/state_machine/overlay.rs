@@ -413,7 +413,7 @@ impl<'a> PendingApply<'a> {
         let mut changed_totals = Vec::with_capacity(self.producers.len());
         for (key, record) in self.producers {
             let before = self.stored_before.get(&key).copied().unwrap_or_default();
-            changed_totals.push((before, (record.bytes, record.messages)));
+            changed_totals.push((key.clone(), before, (record.bytes, record.messages)));
             self.changes.insert(key, encode(&record));
         }
         for (queue, id) in self.next_dead_letter {
@@ -437,9 +437,15 @@ impl<'a> PendingApply<'a> {
                 .map_err(storage_error::write_state_machine)?;
         }
         self.reader.log().set_pins(self.shard, self.pins);
-        for (before, after) in changed_totals {
-            self.reader.totals().changed(before, after);
+        for (_, before, after) in &changed_totals {
+            self.reader.totals().changed(*before, *after);
         }
+        self.reader
+            .totals()
+            .groups_changed(changed_totals.iter().filter_map(|(key, before, after)| {
+                let (queue, producer) = keys::parse_producer(key)?;
+                Some((queue, producer, *before, *after))
+            }));
         self.reader
             .delays_changed(self.delays_added, self.delays_removed);
         for (queue, producer, policy) in self.policies_set {

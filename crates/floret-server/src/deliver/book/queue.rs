@@ -43,9 +43,7 @@ pub enum Tenancy {
 
 /// The tenant of a producer stored as `tenant/producer`.
 fn namespaced_tenant(key: &ProducerKey) -> String {
-    key.producer
-        .split_once(crate::auth::TENANT_SEPARATOR)
-        .map_or_else(String::new, |(tenant, _)| tenant.to_owned())
+    floret_store::producer_group(&key.producer).to_owned()
 }
 
 /// The one tenant of a node without token keys.
