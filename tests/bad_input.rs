@@ -44,7 +44,7 @@
 //! 38. replay_dead_letters_without_admin PERMISSION_DENIED
 //! 39. replica_digests_without_admin  PERMISSION_DENIED
 //! 40. producer_id_over_256_bytes_with_a_tenant INVALID_ARGUMENT, says 256
-//! 41. tenant_policy_with_a_limit     INVALID_ARGUMENT
+//! 41. tenant_policy_with_a_producers_setting INVALID_ARGUMENT
 //! 42. policy_of_a_producer_and_a_tenant INVALID_ARGUMENT
 //! 43. tenant_policy_of_a_bad_name    INVALID_ARGUMENT
 //! 44. tenant_policy_as_a_producer_id INVALID_ARGUMENT
@@ -745,15 +745,15 @@ async fn bad_input_stops_the_node_or_loses_what_it_acknowledged() {
         weight: Some(2),
         ..Default::default()
     };
-    let with_a_limit = v1::Policy {
-        max_messages: Some(10),
+    let with_a_ttl = v1::Policy {
+        ttl_ms: Some(10),
         ..weight_two
     };
     let bad_tenant_policies = [
         (
-            "tenant_policy_with_a_limit",
-            tenant_policy("", "acme", with_a_limit),
-            "only weight",
+            "tenant_policy_with_a_producers_setting",
+            tenant_policy("", "acme", with_a_ttl),
+            "only weight, max_messages, max_bytes and produce_rate",
         ),
         (
             "policy_of_a_producer_and_a_tenant",

@@ -676,3 +676,139 @@ async fn a_tenant_opening_more_producers_gets_more_room_on_a_full_node() {
         .await
         .expect("a tenant under its share is admitted on a full node, one producer or a hundred");
 }
+
+#[tokio::test]
+async fn a_tenant_passes_its_limits_by_spreading_its_producers_over_nodes() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let issuer = Issuer::new(dir.path());
+    // Four nodes holding three replicas of each shard: every node lacks
+    // some shards, and counts them from what their leaders gossip.
+    let flag = issuer.token_keys_flag();
+    let args: Vec<&str> = flag.iter().map(String::as_str).collect();
+    let cluster = Cluster::start(dir.path(), 4, &args);
+    let admin = as_tenant(
+        &cluster.address(1),
+        &issuer.token("ops", &[Role::Admin], &[], 600),
+    );
+    const MAX_MESSAGES: u64 = 60;
+    const RATE: u32 = 40;
+    let set_policy = |tenant: &'static str, policy: Policy| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .set_tenant_policy("q", tenant, policy, false)
+                .await
+                .unwrap()
+        }
+    };
+    set_policy(
+        "acme",
+        Policy {
+            max_messages: Some(MAX_MESSAGES),
+            ..Policy::default()
+        },
+    )
+    .await;
+    set_policy(
+        "globex",
+        Policy {
+            produce_rate: Some(RATE),
+            ..Policy::default()
+        },
+    )
+    .await;
+    let clients_of = |tenant: &str| -> Vec<Client> {
+        let token = issuer.token(tenant, &[Role::Produce, Role::Consume], &["q"], 600);
+        (1..=4)
+            .map(|node| impatient_tenant(&cluster.address(node), &token))
+            .collect()
+    };
+    let acme = clients_of("acme");
+    const PRODUCERS: usize = 24;
+    let attempt = |clients: &[Client], round: usize| {
+        let client = clients[round % clients.len()].clone();
+        async move {
+            client
+                .produce("q", &format!("p{}", round % PRODUCERS), message("m"))
+                .await
+        }
+    };
+
+    // Stored messages: one at a time, round robin over producers and nodes.
+    let mut acknowledged = 0u64;
+    for round in 0..200 {
+        match attempt(&acme, round).await {
+            Ok(_) => acknowledged += 1,
+            Err(refused) => {
+                let refused = refusal(Err::<(), _>(refused));
+                assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+                assert!(
+                    refused.message().contains("tenant \"acme\" stores"),
+                    "{refused:?}"
+                );
+            }
+        }
+    }
+    // Produces admitted within a gossip round (for shards a leader does
+    // not hold) or an apply (for those it does) pass the limit by that much.
+    assert!(
+        (MAX_MESSAGES..=MAX_MESSAGES * 2).contains(&acknowledged),
+        "acme stores about its limit over {PRODUCERS} producers on 4 nodes: {acknowledged}"
+    );
+    // Once gossip has gone round, every leader refuses every producer.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for round in 0..PRODUCERS {
+        let refused = refusal(attempt(&acme, round).await);
+        assert!(
+            refused.message().contains("tenant \"acme\" stores"),
+            "producer p{round} through node {}: {refused:?}",
+            1 + round % 4
+        );
+    }
+    // Draining frees room.
+    let mut consumer = acme[0].consume("q", 100).await.unwrap();
+    for _ in 0..acknowledged {
+        let delivery = next_delivery(&mut consumer).await;
+        consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+    }
+    let drained = std::time::Instant::now();
+    while attempt(&acme, 0).await.is_err() {
+        assert!(
+            drained.elapsed() < Duration::from_secs(10),
+            "acme may produce again once drained"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Rate: globex's 24 producers together get about RATE a second.
+    let globex = clients_of("globex");
+    // Until every node has heard the others' demand (a gossip round or
+    // two), each refills at the whole rate: only the last 2 s are counted.
+    let started = std::time::Instant::now();
+    let (mut admitted, mut round) = (0u32, 0);
+    while started.elapsed() < Duration::from_secs(3) {
+        match attempt(&globex, round).await {
+            Ok(_) if started.elapsed() >= Duration::from_secs(1) => admitted += 1,
+            Ok(_) => {}
+            Err(refused) => {
+                let refused = refusal(Err::<(), _>(refused));
+                assert!(
+                    refused
+                        .message()
+                        .contains(&format!("over its produce_rate of {RATE}")),
+                    "{refused:?}"
+                );
+            }
+        }
+        round += 1;
+    }
+    assert!(
+        round as u32 > 4 * admitted,
+        "most of the {round} attempts were refused: {admitted} admitted"
+    );
+    assert!(
+        (RATE..=RATE * 2 + RATE + 8).contains(&admitted),
+        "2 s at {RATE}/s, plus what the buckets held (at most a second's worth, rounded up per node): {admitted}"
+    );
+}

@@ -1,5 +1,6 @@
 //! `floret policy set|get`: a queue's default policy, one producer's
-//! override or one tenant's policy (its weight), set field by field (or
+//! override or one tenant's policy (its weight and its limits over all its
+//! producers), set field by field (or
 //! replaced whole) and shown as JSON.
 
 use floret_client::{Expiry, Overflow, Policy};
@@ -15,7 +16,7 @@ pub struct PolicyArgs {
 #[derive(clap::Subcommand)]
 enum PolicyCommand {
     /// Set the queue's defaults, with --producer that producer's override,
-    /// or with --tenant that tenant's weight.
+    /// or with --tenant that tenant's weight and limits.
     Set(SetArgs),
     /// Show the queue's defaults, and with --producer its override and what
     /// is in force, or with --tenant the tenant's policy.
@@ -29,8 +30,9 @@ struct Target {
     /// A producer of the queue (omit for the queue's defaults).
     #[arg(long, default_value = "", conflicts_with = "tenant")]
     producer: String,
-    /// A tenant of the queue: its policy takes only --weight, its turns
-    /// among the queue's tenants on every node.
+    /// A tenant of the queue: its policy takes --weight (its turns among
+    /// the queue's tenants on every node) and --max-messages, --max-bytes
+    /// and --produce-rate over all its producers on all nodes.
     #[arg(long, default_value = "")]
     tenant: String,
 }

@@ -70,6 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         (format!("queue-{q}"), load)
                     })
                     .collect::<BTreeMap<_, _>>(),
+                tenants: BTreeMap::new(),
             };
             agent.publish(&report).await;
         }

@@ -2,8 +2,9 @@
 //! the others, over chitchat (scuttlebutt anti-entropy on UDP with a
 //! phi-accrual failure detector).
 //!
-//! Each node publishes its gRPC address, the shards it leads and, per
-//! queue, its [`QueueLoad`]; [`Gossip::view`] returns every known node with
+//! Each node publishes its gRPC address, the shards it leads, per queue
+//! its [`QueueLoad`] and, per tenant with limits in a queue, its
+//! [`TenantLoad`]; [`Gossip::view`] returns every known node with
 //! the age of its last heartbeat and a [`Liveness`] verdict: dead when
 //! chitchat's failure detector says so and it has been silent for at least
 //! [`DEAD_AFTER_ROUNDS`] gossip rounds, suspected when it is silent for
@@ -47,6 +48,9 @@ const GRPC_KEY: &str = "grpc";
 const LED_KEY: &str = "led";
 /// Prefix of the per-queue load keys.
 const QUEUE_PREFIX: &str = "queue:";
+/// Prefix of the per-tenant load keys (`tenant:<queue>/<tenant>`; a queue
+/// name has no `/`).
+const TENANT_PREFIX: &str = "tenant:";
 
 /// How a node gossips.
 #[derive(Debug, Clone)]
@@ -126,6 +130,52 @@ impl QueueLoad {
     }
 }
 
+/// What one tenant with limits in a queue holds in the shards a node leads,
+/// and how fast it asks that node to store more.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantLoad {
+    /// Messages produced into the node per second recently, admitted or not.
+    pub demand: f64,
+    /// Per shard led there: the tenant's stored messages and bytes.
+    pub shards: Vec<(ShardId, u64, u64)>,
+}
+
+impl TenantLoad {
+    fn encode(&self) -> String {
+        let shards: Vec<String> = self
+            .shards
+            .iter()
+            .map(|(shard, messages, bytes)| format!("{shard}:{messages}:{bytes}"))
+            .collect();
+        format!("d={:.1};s={}", self.demand, shards.join(","))
+    }
+
+    fn decode(text: &str) -> Self {
+        let mut load = Self::default();
+        for field in text.split(';') {
+            match field.split_once('=') {
+                Some(("d", value)) => load.demand = value.parse().unwrap_or(0.0),
+                Some(("s", value)) => {
+                    load.shards = value
+                        .split(',')
+                        .filter_map(|shard| {
+                            let mut parts = shard.split(':').map(str::parse::<u64>);
+                            match (parts.next(), parts.next(), parts.next()) {
+                                (Some(Ok(shard)), Some(Ok(messages)), Some(Ok(bytes))) => {
+                                    Some((ShardId::try_from(shard).ok()?, messages, bytes))
+                                }
+                                _ => None,
+                            }
+                        })
+                        .collect();
+                }
+                _ => {}
+            }
+        }
+        load
+    }
+}
+
 /// What a node publishes about itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeReport {
@@ -133,6 +183,8 @@ pub struct NodeReport {
     pub shards_led: Vec<ShardId>,
     /// Load per queue.
     pub queues: BTreeMap<String, QueueLoad>,
+    /// Load per (queue, tenant), for tenants with limits there.
+    pub tenants: BTreeMap<(String, String), TenantLoad>,
 }
 
 /// The failure detector's verdict on a node.
@@ -183,6 +235,7 @@ pub struct Gossip {
     /// Per node (by chitchat id): the last heartbeat seen and when it changed.
     heartbeats: Mutex<HashMap<ChitchatId, (u64, Instant)>>,
     published_queues: Mutex<BTreeSet<String>>,
+    published_tenants: Mutex<BTreeSet<(String, String)>>,
 }
 
 impl Gossip {
@@ -238,6 +291,7 @@ impl Gossip {
             traffic,
             heartbeats: Mutex::default(),
             published_queues: Mutex::default(),
+            published_tenants: Mutex::default(),
         })
     }
 
@@ -268,6 +322,22 @@ impl Gossip {
             let keep = report.queues.contains_key(queue);
             if !keep {
                 state.delete(&format!("{QUEUE_PREFIX}{queue}"));
+            }
+            keep
+        });
+        let mut published = self.published_tenants.lock().expect("gossip lock");
+        for ((queue, tenant), load) in &report.tenants {
+            let key = format!("{TENANT_PREFIX}{queue}/{tenant}");
+            let value = load.encode();
+            if state.get(&key) != Some(value.as_str()) {
+                state.set(&key, value);
+            }
+            published.insert((queue.clone(), tenant.clone()));
+        }
+        published.retain(|of| {
+            let keep = report.tenants.contains_key(of);
+            if !keep {
+                state.delete(&format!("{TENANT_PREFIX}{}/{}", of.0, of.1));
             }
             keep
         });
@@ -321,6 +391,16 @@ impl Gossip {
                     .filter_map(|(key, value)| {
                         key.strip_prefix(QUEUE_PREFIX)
                             .map(|queue| (queue.to_owned(), QueueLoad::decode(value)))
+                    })
+                    .collect(),
+                tenants: state
+                    .key_values()
+                    .filter_map(|(key, value)| {
+                        let (queue, tenant) = key.strip_prefix(TENANT_PREFIX)?.split_once('/')?;
+                        Some((
+                            (queue.to_owned(), tenant.to_owned()),
+                            TenantLoad::decode(value),
+                        ))
                     })
                     .collect(),
             };
@@ -397,6 +477,24 @@ mod tests {
             QueueLoad {
                 backlogged_weight: 2,
                 ..QueueLoad::default()
+            }
+        );
+    }
+
+    #[test]
+    fn tenant_load_survives_its_text_form_and_skips_what_it_cannot_read() {
+        let load = TenantLoad {
+            demand: 250.5,
+            shards: vec![(3, 120, 15_360), (17, 1, 40)],
+        };
+        assert_eq!(TenantLoad::decode(&load.encode()), load);
+        let idle = TenantLoad::default();
+        assert_eq!(TenantLoad::decode(&idle.encode()), idle);
+        assert_eq!(
+            TenantLoad::decode("s=4:x:1,5:2:20;junk"),
+            TenantLoad {
+                demand: 0.0,
+                shards: vec![(5, 2, 20)],
             }
         );
     }

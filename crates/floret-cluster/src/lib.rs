@@ -29,7 +29,7 @@ mod shards;
 pub use append_stream::batched;
 pub use gossip::{
     DEAD_AFTER_ROUNDS, Gossip, GossipConfig, GossipError, Liveness, NodeReport, NodeView,
-    QueueLoad, SUSPECT_AFTER_ROUNDS, View,
+    QueueLoad, SUSPECT_AFTER_ROUNDS, TenantLoad, View,
 };
 pub use gossip_transport::{GossipSecret, MIN_SECRET_BYTES, Traffic};
 pub use member_tls::{MemberTls, member_name, member_named_by, pem_names_member, tls_error_chain};

@@ -8,7 +8,9 @@
 //! Published per queue: backlogged producers and their weight and the
 //! backlog (from the dispatcher of the shards this node leads), backlog
 //! bytes (from those shards' durable producer records, re-read every
-//! [`BYTES_REFRESH`]), the recent dispatch rate and the consumers here.
+//! [`BYTES_REFRESH`]), the recent dispatch rate and the consumers here; and
+//! per tenant with limits, what it stores in those shards and asks of this
+//! node ([`TenantLimits::report`]).
 //! Gossip's own traffic is exported as the `floret_gossip_sent_bytes_total`
 //! and `floret_gossip_received_bytes_total` metrics, and the datagrams it
 //! dropped (a tag that does not verify under the cluster's secret, a
@@ -31,6 +33,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, GossipSettings};
 use crate::deliver::DispatcherHandle;
+use crate::produce::tenant_limits::TenantLimits;
 
 /// How often backlog bytes are summed from the durable producer records.
 const BYTES_REFRESH: Duration = Duration::from_secs(2);
@@ -65,6 +68,7 @@ impl LoadView {
         secret: Option<GossipSecret>,
         shards: Arc<Shards>,
         dispatcher: DispatcherHandle,
+        tenant_limits: Arc<TenantLimits>,
     ) -> Result<Option<Self>, GossipError> {
         let peers = shards.peers().clone();
         if peers.others().next().is_none() {
@@ -109,7 +113,13 @@ impl LoadView {
             view.clone(),
             warn,
         ));
-        let publisher = tokio::spawn(publish(gossip.clone(), shards, dispatcher, interval));
+        let publisher = tokio::spawn(publish(
+            gossip.clone(),
+            shards,
+            dispatcher,
+            tenant_limits,
+            interval,
+        ));
         let refresher = tokio::spawn(refresh(gossip.clone(), interval, sender));
         Ok(Some(Self {
             gossip,
@@ -150,6 +160,7 @@ async fn publish(
     gossip: Arc<Gossip>,
     shards: Arc<Shards>,
     dispatcher: DispatcherHandle,
+    tenant_limits: Arc<TenantLimits>,
     interval: Duration,
 ) {
     let mut ticks = tokio::time::interval(interval);
@@ -179,6 +190,7 @@ async fn publish(
                 .map(|group| group.id)
                 .collect(),
             queues: Default::default(),
+            tenants: tenant_limits.report(Instant::now()),
         };
         for (queue, activity) in activity {
             let before = delivered_before.insert(queue.clone(), activity.delivered);

@@ -44,6 +44,7 @@ use crate::load_view::{GossipStatus, LoadView};
 use crate::produce::ProducePipeline;
 use crate::produce::backpressure::Backpressure;
 use crate::produce::proposer::{Proposers, ShardProposer};
+use crate::produce::tenant_limits::TenantLimits;
 use crate::router::ShardRouter;
 use crate::service::admin::AdminService;
 use crate::service::fan_in;
@@ -199,17 +200,20 @@ impl Node {
             .groups()
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
+        let tenant_limits = Arc::new(TenantLimits::new(shards.clone()));
         let load_view = LoadView::start(
             &config,
             peer_address.unwrap_or(address),
             gossip_secret,
             shards.clone(),
             dispatcher.clone(),
+            tenant_limits.clone(),
         )
         .await?;
         let gossip = load_view.as_ref().map(LoadView::status);
         if let Some(gossip) = &gossip {
             shards.attach_view(gossip.view.clone());
+            tenant_limits.follow_view(gossip.view.clone());
         }
         let (stopping, stopped) = watch::channel(false);
         let fault = NodeFault::default();
@@ -224,6 +228,7 @@ impl Node {
             dispatcher,
             gossip,
             disk,
+            tenant_limits,
         };
         let server = Server::start(
             parts.services(stopped.clone(), authenticate),
@@ -372,6 +377,8 @@ struct NodeParts<'a> {
     gossip: Option<GossipStatus>,
     /// The data dir's free space.
     disk: DiskRoom,
+    /// The tenants' limits over all their producers.
+    tenant_limits: Arc<TenantLimits>,
 }
 
 impl NodeParts<'_> {
@@ -396,7 +403,7 @@ impl NodeParts<'_> {
                 config.storage.min_free_bytes,
             ),
             self.advertised.clone(),
-            config.auth.enabled(),
+            config.auth.enabled().then_some(self.tenant_limits),
         ));
         let consumers = fan_in::Sources {
             dispatcher: self.dispatcher.clone(),

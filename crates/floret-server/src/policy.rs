@@ -18,7 +18,8 @@ pub enum PolicyOwner {
     /// One producer's override, stored in its shard.
     Producer(String),
     /// A tenant's policy in the queue (its weight among the queue's
-    /// tenants), stored in every shard as the override of the producer id
+    /// tenants and its limits over all its producers), stored in every
+    /// shard as the override of the producer id
     /// `tenant/`, which no producer has (a tenant's producers are
     /// `tenant/name` with a name of at least one character).
     Tenant(String),
@@ -71,15 +72,23 @@ pub fn tenant_of_policy_key(producer: &str) -> Option<&str> {
     (!tenant.is_empty() && !tenant.contains(TENANT_SEPARATOR)).then_some(tenant)
 }
 
-/// A tenant's policy sets only its weight.
+/// A tenant's policy sets its weight and its limits over all its producers
+/// (`max_messages`, `max_bytes`, `produce_rate`); what a limit does when
+/// passed is always to refuse, so `overflow` may only be `reject`.
 pub fn check_tenant_policy(policy: &Policy) -> Result<(), InvalidRequest> {
-    let weight_only = Policy {
+    let tenant_settings = Policy {
         weight: policy.weight,
+        max_messages: policy.max_messages,
+        max_bytes: policy.max_bytes,
+        produce_rate: policy.produce_rate,
+        overflow: policy
+            .overflow
+            .filter(|overflow| *overflow == Overflow::Reject),
         ..Policy::default()
     };
-    if *policy != weight_only {
+    if *policy != tenant_settings {
         return Err(InvalidRequest::Malformed(
-            "a tenant's policy sets only weight (per-tenant limits are not there yet)",
+            "a tenant's policy sets only weight, max_messages, max_bytes and produce_rate (over the limits a produce is refused: overflow reject); the other settings are its producers'",
         ));
     }
     Ok(())

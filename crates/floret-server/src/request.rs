@@ -137,6 +137,18 @@ pub enum InvalidRequest {
         /// Its limits, described.
         limits: String,
     },
+    /// A produce larger than its tenant's limits by itself.
+    #[error(
+        "a produce of {count} messages is larger than tenant {tenant:?}'s limit over all its producers ({limits}) by itself and can never be stored; send smaller batches"
+    )]
+    BatchOverTenantLimit {
+        /// Messages in the produce.
+        count: usize,
+        /// The tenant.
+        tenant: String,
+        /// Its limits, described.
+        limits: String,
+    },
     /// A dead-letter id not in the form the listing gives.
     #[error("malformed dead-letter id {text:?}: expected <shard>:<id> as listed")]
     DeadLetterId {

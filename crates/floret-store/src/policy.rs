@@ -165,6 +165,16 @@ impl PolicyTable {
             .flat_map(|policies| policies.overrides.keys().map(String::as_str))
     }
 
+    /// Every override: `(queue, producer, policy)`.
+    pub fn overrides(&self) -> impl Iterator<Item = (&str, &str, Policy)> {
+        self.queues.iter().flat_map(|(queue, policies)| {
+            policies
+                .overrides
+                .iter()
+                .map(move |(producer, policy)| (queue.as_str(), producer.as_str(), *policy))
+        })
+    }
+
     /// Every queue with defaults or overrides, with its defaults.
     pub fn queues_with_defaults(&self) -> impl Iterator<Item = (&str, Policy)> {
         self.queues

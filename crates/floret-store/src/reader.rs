@@ -326,6 +326,11 @@ impl ShardReader {
             .stored(queue, producer)
     }
 
+    /// What `read` makes of the shard's policies, without copying them.
+    pub fn with_policies<R>(&self, read: impl FnOnce(&PolicyTable) -> R) -> R {
+        read(&self.policies.read().expect("policy lock"))
+    }
+
     /// A copy of every policy of the shard.
     pub fn policies(&self) -> PolicyTable {
         self.policies.read().expect("policy lock").clone()

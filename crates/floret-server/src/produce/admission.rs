@@ -193,7 +193,7 @@ pub fn stored_size_estimate(message: &v1::Message) -> u64 {
 }
 
 /// "max_messages 10, max_bytes 4096" for the limits a policy sets.
-fn describe_limits(policy: &Policy) -> String {
+pub(super) fn describe_limits(policy: &Policy) -> String {
     let mut limits = Vec::new();
     if let Some(max) = policy.max_messages {
         limits.push(format!("max_messages {max}"));

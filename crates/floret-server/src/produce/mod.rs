@@ -6,8 +6,9 @@
 //!    leader: a batch for a shard led elsewhere is forwarded whole, once
 //!    (a forwarded batch is never forwarded again).
 //! 3. `admission.rs`: on the leader, node backpressure (read by
-//!    `backpressure.rs`) and the producer's `produce_rate` (`rate.rs`)
-//!    decide whether it is admitted; both are pure decisions.
+//!    `backpressure.rs`), the limits of the producer's tenant over all its
+//!    producers (`tenant_limits.rs`) and the producer's `produce_rate`
+//!    (`rate.rs`) decide whether it is admitted; the decisions are pure.
 //! 4. `proposer.rs`: the shard's proposer folds it with other operations
 //!    into one raft entry, composed round robin over the producers with
 //!    calls waiting (`lanes.rs`), so a flood of calls delays no one else's
@@ -33,6 +34,7 @@ pub mod batch;
 pub mod lanes;
 pub mod proposer;
 pub mod rate;
+pub mod tenant_limits;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,9 +46,11 @@ pub use batch::ProduceBatch;
 
 use crate::config::Limits;
 use crate::error::RequestError;
+use crate::policy;
 use crate::router::{Route, ShardRouter};
 use backpressure::Backpressure;
 use rate::RateLimiter;
+use tenant_limits::TenantLimits;
 
 /// What a committed produce answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,21 +73,23 @@ pub struct ProducePipeline {
     /// This node's address as clients dial it, named in the answers to the
     /// produces it commits as leader.
     leader_address: String,
-    /// Whether producer ids are `tenant/producer` (a node with token keys).
-    tenants: bool,
+    /// On a node with token keys (producer ids are `tenant/producer`), the
+    /// tenants' limits over all their producers.
+    tenants: Option<Arc<TenantLimits>>,
 }
 
 impl ProducePipeline {
     /// The produce path over the node's shards, with its limits and
     /// backpressure; `leader_address` is where clients dial this node, and
-    /// `tenants` whether its producer ids are `tenant/producer`.
+    /// `tenants` the tenants' limits on a node whose producer ids are
+    /// `tenant/producer`.
     pub fn new(
         shards: Arc<Shards>,
         router: ShardRouter,
         limits: Limits,
         backpressure: Backpressure,
         leader_address: String,
-        tenants: bool,
+        tenants: Option<Arc<TenantLimits>>,
     ) -> Self {
         Self {
             shards,
@@ -146,7 +152,8 @@ impl ProducePipeline {
         self.answer(reply, &producer, producer_sequence, count)
     }
 
-    /// Node backpressure and the producer's rate, on the shard's leader.
+    /// Node backpressure, the tenant's limits and the producer's rate, on
+    /// the shard's leader.
     fn admit(&self, batch: &ProduceBatch) -> Result<(), RequestError> {
         let Some(group) = self.shards.group(batch.shard) else {
             return Ok(());
@@ -154,14 +161,33 @@ impl ProducePipeline {
         let (queue, producer) = (&batch.queue, &batch.producer);
         let policy = group.reader.policy(queue, producer);
         let weight = policy.weight.unwrap_or(1);
-        let tenant = self.tenants.then(|| floret_store::producer_group(producer));
+        let tenant = floret_store::producer_group(producer);
         self.backpressure.admit(
             &group.reader,
             queue,
             (producer, weight),
-            tenant,
+            self.tenants.is_some().then_some(tenant),
             &batch.messages,
         )?;
+        if let Some(tenant_limits) = &self.tenants {
+            let limits = group
+                .reader
+                .stored_policy(queue, Some(&policy::tenant_policy_key(tenant)));
+            if limits.max_messages.is_some()
+                || limits.max_bytes.is_some()
+                || limits.produce_rate.is_some()
+            {
+                let incoming = (
+                    batch.messages.len() as u64,
+                    batch
+                        .messages
+                        .iter()
+                        .map(admission::stored_size_estimate)
+                        .sum(),
+                );
+                tenant_limits.admit(queue, tenant, &limits, incoming, Instant::now())?;
+            }
+        }
         if let Some(rate) = policy.produce_rate {
             let messages = batch.messages.len() as u64;
             let taken = self

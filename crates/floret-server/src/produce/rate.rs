@@ -46,6 +46,20 @@ impl RateLimiter {
         messages: u64,
         now: Instant,
     ) -> Result<(), Duration> {
+        self.take_from(queue, producer, rate, messages, now, f64::from(rate))
+    }
+
+    /// Like [`take`](Self::take), a new bucket holding `first_tokens`
+    /// rather than a full second of tokens.
+    pub fn take_from(
+        &self,
+        queue: &str,
+        producer: &str,
+        rate: u32,
+        messages: u64,
+        now: Instant,
+        first_tokens: f64,
+    ) -> Result<(), Duration> {
         let rate = f64::from(rate.max(1));
         let mut state = self.state.lock().expect("rate limiter lock");
         state.checks += 1;
@@ -64,7 +78,7 @@ impl RateLimiter {
             producers.insert(
                 producer.to_owned(),
                 Bucket {
-                    tokens: rate,
+                    tokens: first_tokens.min(rate),
                     refilled: now,
                 },
             );
@@ -99,5 +113,15 @@ mod tests {
         assert_eq!(limiter.take("q", "b", 10, 10, start), Ok(()));
         let later = start + Duration::from_millis(500);
         assert_eq!(limiter.take("q", "a", 10, 5, later), Ok(()));
+    }
+
+    #[test]
+    fn a_bucket_shared_by_nodes_starts_with_its_part_not_a_whole_second() {
+        let limiter = RateLimiter::default();
+        let start = Instant::now();
+        assert_eq!(limiter.take_from("q", "t/", 10, 2, start, 2.5), Ok(()));
+        assert!(limiter.take_from("q", "t/", 10, 1, start, 2.5).is_err());
+        let later = start + Duration::from_millis(100);
+        assert_eq!(limiter.take_from("q", "t/", 10, 1, later, 2.5), Ok(()));
     }
 }
