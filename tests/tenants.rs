@@ -8,12 +8,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use floret_client::{Client, ClientError, ConsumerEvent, Delivery, Message, Policy, RetryPolicy};
+use floret_client::{
+    Client, ClientError, ClientTls, ConsumerEvent, Delivery, Message, Policy, RetryPolicy,
+};
 use floret_proto::v1;
 use floret_server::auth::{Role, SigningKey, TokenClaims};
 use tonic::Code;
 
-use super::harness::{Cluster, FloretProcess, one_cluster_at_a_time};
+use super::harness::{Cluster, FloretProcess, floret_binary, one_cluster_at_a_time};
 
 /// Waits for one consumer event this long at most.
 const EVENT_DEADLINE: Duration = Duration::from_secs(10);
@@ -811,4 +813,126 @@ async fn a_tenant_passes_its_limits_by_spreading_its_producers_over_nodes() {
         (RATE..=RATE * 2 + RATE + 8).contains(&admitted),
         "2 s at {RATE}/s, plus what the buckets held (at most a second's worth, rounded up per node): {admitted}"
     );
+}
+
+/// Runs `floret certs` for one node into `dir`, with client certificates
+/// for `tenants`.
+fn make_certs(dir: &Path, tenants: &str) {
+    let made = std::process::Command::new(floret_binary())
+        .args(["certs", "--nodes", "1", "--tenant", tenants, "--out"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+}
+
+#[tokio::test]
+async fn a_client_certificate_is_taken_for_any_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    make_certs(&certs, "acme,globex");
+    let stranger_certs = dir.path().join("stranger");
+    make_certs(&stranger_certs, "acme");
+    let issuer = Issuer::new(dir.path());
+    let file = |name: &str| certs.join(name).display().to_string();
+    // acme's certificate stands for acme; globex's, signed by the same CA,
+    // for no one.
+    let config = format!(
+        "[tls]\ncert = {:?}\nkey = {:?}\n\n[auth]\nclient_ca = {:?}\n\n[[auth.client_certificates]]\nname = \"acme.tenant.floret\"\ntenant = \"acme\"\nroles = [\"produce\", \"consume\"]\nqueues = [\"acme.*\"]\n",
+        file("node-1.pem"),
+        file("node-1.key"),
+        file("ca.pem"),
+    );
+    let node = issuer.start_configured_node(dir.path(), &config);
+    let address = node.address.as_str();
+    let trust = ClientTls::from_ca_file(certs.join("ca.pem")).unwrap();
+    let presenting = |dir: &Path, tenant: &str| {
+        let tls = trust
+            .clone()
+            .with_client_certificate_files(
+                dir.join(format!("tenant-{tenant}.pem")),
+                dir.join(format!("tenant-{tenant}.key")),
+            )
+            .unwrap();
+        Client::connect_lazy_tls(address, &tls)
+            .unwrap()
+            .with_retry(RetryPolicy {
+                give_up_after: Duration::ZERO,
+                ..RetryPolicy::default()
+            })
+    };
+
+    let acme = presenting(&certs, "acme");
+    acme.produce("acme.orders", "p1", message("by certificate"))
+        .await
+        .expect("acme's certificate stands for acme");
+    let mut consumer = acme.consume("acme.orders", 1).await.unwrap();
+    let delivery = next_delivery(&mut consumer).await;
+    assert_eq!(
+        delivery.producer_id, "acme/p1",
+        "stored in acme's namespace"
+    );
+    consumer.ack(vec![delivery.delivery_id]).await.unwrap();
+    let denied = refusal(acme.produce("globex.orders", "p1", message("x")).await);
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+
+    let globex = presenting(&certs, "globex");
+    let unmapped = refusal(globex.produce("globex.orders", "p1", message("x")).await);
+    assert_eq!(unmapped.code(), Code::Unauthenticated, "{unmapped:?}");
+    assert!(
+        unmapped.message().contains("stands for no tenant") && !unmapped.message().contains("acme"),
+        "{unmapped:?}"
+    );
+    let bare = Client::connect_lazy_tls(address, &trust)
+        .unwrap()
+        .with_retry(RetryPolicy {
+            give_up_after: Duration::ZERO,
+            ..RetryPolicy::default()
+        });
+    let nothing = refusal(bare.produce("acme.orders", "p1", message("x")).await);
+    assert_eq!(nothing.code(), Code::Unauthenticated, "{nothing:?}");
+    assert!(
+        nothing.message().contains("client certificate"),
+        "{nothing:?}"
+    );
+    let stranger = presenting(&stranger_certs, "acme");
+    assert!(
+        stranger
+            .produce("acme.orders", "p1", message("x"))
+            .await
+            .is_err(),
+        "a certificate another CA signed does not get through the handshake"
+    );
+
+    // A token on a connection with a certificate: the token names the caller.
+    let admin_token = issuer.token("ops", &[Role::Admin], &[], 600);
+    let admin = Client::connect_lazy_as(
+        address,
+        Some(
+            &trust
+                .clone()
+                .with_client_certificate_files(
+                    certs.join("tenant-acme.pem"),
+                    certs.join("tenant-acme.key"),
+                )
+                .unwrap(),
+        ),
+        Some(&admin_token),
+    )
+    .unwrap();
+    admin
+        .set_tenant_policy(
+            "acme.orders",
+            "acme",
+            Policy {
+                weight: Some(2),
+                ..Policy::default()
+            },
+            false,
+        )
+        .await
+        .expect("the token's admin role, not the certificate's tenant");
+    acme.produce("acme.orders", "p1", message("still serving"))
+        .await
+        .expect("every refusal left the node serving");
 }

@@ -2,7 +2,9 @@
 //! development, tests, compose and Kubernetes. Every node gets a member
 //! certificate naming `node-<id>.floret` (what its peers expect), plus
 //! `localhost`, `127.0.0.1`, `::1` and the `--name`s (what clients dial),
-//! usable as both server and client; a client certificate is made too, and
+//! usable as both server and client; a client certificate is made too (and
+//! one per `--tenant`, carrying `<tenant>.tenant.floret` for nodes'
+//! `auth.client_certificates` to map to that tenant), and
 //! the cluster's gossip secret (`gossip.key`, 32 random bytes in hex), and
 //! the key pair tenants' tokens are signed with (`token.key`, kept by
 //! whoever issues tokens; `token.pub`, every node's `--token-keys`).
@@ -39,6 +41,12 @@ pub struct CertsArgs {
     /// node's id (`--name 'floret-{id}.floret'`). Repeat or separate by commas.
     #[arg(long = "name", value_delimiter = ',')]
     names: Vec<String>,
+    /// A tenant to make a client certificate for (`tenant-<name>.pem` and
+    /// `.key`, carrying the DNS name `<name>.tenant.floret`, which the
+    /// nodes' `auth.client_certificates` map to the tenant). Repeat or
+    /// separate by commas.
+    #[arg(long = "tenant", value_delimiter = ',')]
+    tenants: Vec<String>,
     /// Days the certificates stay valid.
     #[arg(long, default_value_t = 365)]
     days: u32,
@@ -54,9 +62,13 @@ struct PemFile {
 pub fn run(args: CertsArgs) -> anyhow::Result<()> {
     let nodes = parse_nodes(&args.nodes)?;
     anyhow::ensure!(args.days > 0, "--days must be at least 1");
-    let written = write(&args.out, &nodes, &args.names, args.days)?;
+    for tenant in &args.tenants {
+        floret_server::auth::TenantName::parse(tenant)
+            .map_err(|why| anyhow::anyhow!("--tenant {tenant:?}: {why}"))?;
+    }
+    let written = write(&args.out, &nodes, &args.names, &args.tenants, args.days)?;
     println!(
-        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key, token.key (signs tenants' tokens: `floret token create`; keep it offline) and token.pub (every node's --token-keys)",
+        "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key, tenant-<name>.pem and .key for each --tenant (map <name>.tenant.floret in the nodes' auth.client_certificates), token.key (signs tenants' tokens: `floret token create`; keep it offline) and token.pub (every node's --token-keys)",
         args.out.display()
     );
     Ok(())
@@ -64,8 +76,14 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
 
 /// Makes the certificates of `nodes` (with the extra `names`, valid for
 /// `days`) and writes them into `out`; returns how many files it wrote.
-pub fn write(out: &Path, nodes: &[u64], names: &[String], days: u32) -> anyhow::Result<usize> {
-    let files = make(nodes, names, days, OffsetDateTime::now_utc())?;
+pub fn write(
+    out: &Path,
+    nodes: &[u64],
+    names: &[String],
+    tenants: &[String],
+    days: u32,
+) -> anyhow::Result<usize> {
+    let files = make(nodes, names, tenants, days, OffsetDateTime::now_utc())?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     for file in &files {
         write_new(&out.join(&file.name), &file.contents, file.secret)?;
@@ -100,6 +118,7 @@ fn parse_nodes(nodes: &str) -> anyhow::Result<Vec<u64>> {
 fn make(
     nodes: &[u64],
     names: &[String],
+    tenants: &[String],
     days: u32,
     now: OffsetDateTime,
 ) -> anyhow::Result<Vec<PemFile>> {
@@ -187,6 +206,15 @@ fn make(
         false,
     )
     .context("cannot make the client certificate")?;
+    for tenant in tenants {
+        leaf(
+            format!("tenant-{tenant}"),
+            format!("floret tenant {tenant}"),
+            vec![floret_server::auth::tenant_certificate_name(tenant)],
+            false,
+        )
+        .with_context(|| format!("cannot make tenant {tenant}'s certificate"))?;
+    }
     files.push(PemFile {
         name: "gossip.key".into(),
         contents: gossip_secret()?,
@@ -273,6 +301,7 @@ mod tests {
         let files = make(
             &[1, 4],
             &["floret-{id}.svc".into()],
+            &["acme".into()],
             30,
             OffsetDateTime::now_utc(),
         )
@@ -289,6 +318,8 @@ mod tests {
                 "node-4.key",
                 "client.pem",
                 "client.key",
+                "tenant-acme.pem",
+                "tenant-acme.key",
                 "gossip.key",
                 "token.key",
                 "token.pub"

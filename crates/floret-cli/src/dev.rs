@@ -86,7 +86,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             true => Vec::new(),
             false => vec![args.host.to_string()],
         };
-        crate::certs::write(&certs, &nodes, &names, CERTIFICATE_DAYS)?;
+        crate::certs::write(&certs, &nodes, &names, &[], CERTIFICATE_DAYS)?;
     }
     let tls = |id: u16| match args.plaintext {
         true => TlsSettings::default(),

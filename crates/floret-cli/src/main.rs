@@ -62,21 +62,50 @@ struct Cli {
     /// cluster whose nodes have token keys.
     #[arg(long, global = true, env = "FLORET_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// A client certificate (PEM) to present to the nodes (with --tls-ca
+    /// and --client-key): on nodes that map it to a tenant
+    /// (`auth.client_certificates`), commands without a token act as it.
+    #[arg(
+        long,
+        global = true,
+        env = "FLORET_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+    /// The private key of --client-cert (PEM).
+    #[arg(
+        long,
+        global = true,
+        env = "FLORET_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
 }
 
 /// The CA this process's commands trust the nodes by: set once from `--tls-ca`.
 static CLUSTER_CA: OnceLock<Option<PathBuf>> = OnceLock::new();
 /// The token this process's commands send: set once from `--token`.
 static TENANT_TOKEN: OnceLock<Option<String>> = OnceLock::new();
+/// The client certificate and key this process's commands present: set
+/// once from `--client-cert` and `--client-key`.
+static CLIENT_CERTIFICATE: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
 
 /// A client of the nodes at `address` (one or several, comma-separated),
 /// over TLS when `--tls-ca` was given.
 pub(crate) fn dial(address: &str) -> anyhow::Result<Client> {
-    let tls = CLUSTER_CA
+    let mut tls = CLUSTER_CA
         .get()
         .and_then(Option::as_ref)
         .map(ClientTls::from_ca_file)
         .transpose()?;
+    if let Some((cert, key)) = CLIENT_CERTIFICATE.get().and_then(Option::as_ref) {
+        let Some(cluster_tls) = tls else {
+            anyhow::bail!(
+                "--client-cert needs --tls-ca: a client certificate is presented over TLS"
+            );
+        };
+        tls = Some(cluster_tls.with_client_certificate_files(cert, key)?);
+    }
     let token = TENANT_TOKEN.get().and_then(Option::as_deref);
     Ok(Client::connect_lazy_as(address, tls.as_ref(), token)?)
 }
@@ -123,6 +152,7 @@ fn main() -> anyhow::Result<()> {
     floret_server::failpoints::configure_from_env();
     CLUSTER_CA.get_or_init(|| cli.tls_ca.clone());
     TENANT_TOKEN.get_or_init(|| cli.token.clone());
+    CLIENT_CERTIFICATE.get_or_init(|| cli.client_cert.clone().zip(cli.client_key.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_proto::v1;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::bearer::Bearer;
 pub(crate) use crate::bearer::Transport;
@@ -87,11 +87,14 @@ pub enum ClientError {
     InvalidToken,
 }
 
-/// How to trust a cluster whose client port serves TLS: its CA.
+/// How to trust a cluster whose client port serves TLS: its CA; and the
+/// client certificate to present, on a cluster that maps certificates to
+/// tenants.
 #[derive(Debug, Clone)]
 pub struct ClientTls {
     ca: Certificate,
     domain_name: Option<String>,
+    identity: Option<Identity>,
 }
 
 impl ClientTls {
@@ -100,7 +103,35 @@ impl ClientTls {
         Self {
             ca: Certificate::from_pem(ca_pem),
             domain_name: None,
+            identity: None,
         }
+    }
+
+    /// Presents the client certificate `cert_pem` (its key `key_pem`) to
+    /// the nodes: on a cluster that maps it to a tenant, calls without a
+    /// token are that tenant's.
+    pub fn with_client_certificate(
+        mut self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Self {
+        self.identity = Some(Identity::from_pem(cert_pem, key_pem));
+        self
+    }
+
+    /// Reads the client certificate and its key from PEM files.
+    pub fn with_client_certificate_files(
+        self,
+        cert: impl AsRef<std::path::Path>,
+        key: impl AsRef<std::path::Path>,
+    ) -> Result<Self, ClientError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|error| {
+                ClientError::Tls(format!("cannot read {}: {error}", path.display()))
+            })
+        };
+        let (cert, key) = (read(cert.as_ref())?, read(key.as_ref())?);
+        Ok(self.with_client_certificate(cert, key))
     }
 
     /// Reads the CA from a PEM file.
@@ -119,11 +150,14 @@ impl ClientTls {
     }
 
     fn config(&self) -> ClientTlsConfig {
-        let config = ClientTlsConfig::new().ca_certificate(self.ca.clone());
-        match &self.domain_name {
-            Some(name) => config.domain_name(name.clone()),
-            None => config,
+        let mut config = ClientTlsConfig::new().ca_certificate(self.ca.clone());
+        if let Some(name) = &self.domain_name {
+            config = config.domain_name(name.clone());
         }
+        if let Some(identity) = &self.identity {
+            config = config.identity(identity.clone());
+        }
+        config
     }
 }
 

@@ -32,7 +32,10 @@ pub use gossip::{
     QueueLoad, SUSPECT_AFTER_ROUNDS, TenantLoad, View,
 };
 pub use gossip_transport::{GossipSecret, MIN_SECRET_BYTES, Traffic};
-pub use member_tls::{MemberTls, member_name, member_named_by, pem_names_member, tls_error_chain};
+pub use member_tls::{
+    MemberTls, certificate_carries_name, is_dns_name, member_name, member_named_by,
+    pem_names_member, tls_error_chain,
+};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

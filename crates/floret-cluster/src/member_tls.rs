@@ -1,7 +1,8 @@
 //! Mutual TLS between the members of a cluster: the name every member
 //! certificate carries ([`member_name`]), the node id a peer's certificate
 //! names ([`member_named_by`]), and what a node presents and trusts when it
-//! dials another ([`MemberTls`]).
+//! dials another ([`MemberTls`]); and whether a client's certificate
+//! carries a name ([`certificate_carries_name`]).
 //!
 //! Every node has a certificate signed by the cluster's CA with the DNS
 //! name `node-<id>.floret`. A node dials a peer expecting that name for the
@@ -39,6 +40,27 @@ pub fn member_named_by(certificate: &[u8], members: &[NodeId]) -> Option<NodeId>
         (Some(node), None) => Some(node),
         _ => None,
     }
+}
+
+/// Whether `certificate` (DER, already verified by the TLS handshake)
+/// carries the DNS name `name`: how a client certificate is matched to
+/// the tenant it stands for.
+pub fn certificate_carries_name(certificate: &[u8], name: &str) -> bool {
+    let der = CertificateDer::from(certificate);
+    let (Ok(certificate), Ok(name)) = (
+        webpki::EndEntityCert::try_from(&der),
+        DnsName::try_from(name.to_owned()),
+    ) else {
+        return false;
+    };
+    certificate
+        .verify_is_valid_for_subject_name(&ServerName::DnsName(name))
+        .is_ok()
+}
+
+/// Whether `name` is a DNS name a certificate can carry.
+pub fn is_dns_name(name: &str) -> bool {
+    DnsName::try_from(name.to_owned()).is_ok()
 }
 
 /// Whether the first certificate of the PEM chain `chain` names `node`

@@ -34,22 +34,24 @@ fn name_the_caller(c: &mut Criterion) {
     let verifier = TokenVerifier::new(vec![
         VerifyKey::from_pem(&key.public_pem()).expect("the public key"),
     ]);
-    let with_keys = Authenticate::new(Some(verifier.clone()));
-    let without_keys = Authenticate::new(None);
+    let with_keys = Authenticate::new(Some(verifier.clone()), None);
+    let without_keys = Authenticate::new(None, None);
     let mut group = c.benchmark_group("name_the_caller");
     group.bench_function("without_token_keys", |b| {
-        b.iter(|| black_box(without_keys.caller(black_box(&metadata), NOW_UNIX_S)))
+        b.iter(|| black_box(without_keys.caller(black_box(&metadata), None, NOW_UNIX_S)))
     });
     group.bench_function("ed25519_bearer_token_seen_before", |b| {
         b.iter(|| {
-            black_box(with_keys.caller(black_box(&metadata), NOW_UNIX_S)).expect("a valid token")
+            black_box(with_keys.caller(black_box(&metadata), None, NOW_UNIX_S))
+                .expect("a valid token")
         })
     });
     group.bench_function("ed25519_bearer_token_first_seen", |b| {
         b.iter_batched(
-            || Authenticate::new(Some(verifier.clone())),
+            || Authenticate::new(Some(verifier.clone()), None),
             |fresh| {
-                black_box(fresh.caller(black_box(&metadata), NOW_UNIX_S)).expect("a valid token")
+                black_box(fresh.caller(black_box(&metadata), None, NOW_UNIX_S))
+                    .expect("a valid token")
             },
             criterion::BatchSize::SmallInput,
         )

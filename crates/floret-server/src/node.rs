@@ -85,9 +85,10 @@ pub enum NodeError {
     /// The gossip secret is missing or too short.
     #[error("{0}")]
     GossipSecret(String),
-    /// A token key file cannot be read or is not a public key.
+    /// A token key file cannot be read or is not a public key, or a client
+    /// certificate mapping names no valid tenant.
     #[error("{0}")]
-    TokenKeys(String),
+    Auth(String),
     /// The listener's address is unknown.
     #[error("cannot read the listen address: {0}")]
     Listener(std::io::Error),
@@ -148,7 +149,9 @@ impl Node {
             .transpose()
             .map_err(NodeError::Listener)?;
         let authenticate = crate::auth::Authenticate::new(
-            crate::auth::load_verifier(&config.auth.token_keys).map_err(NodeError::TokenKeys)?,
+            crate::auth::load_verifier(&config.auth.token_keys).map_err(NodeError::Auth)?,
+            crate::auth::CertificateTenants::new(&config.auth.client_certificates)
+                .map_err(NodeError::Auth)?,
         );
         let database = Database::open_with(
             &config.data_dir,
@@ -159,7 +162,12 @@ impl Node {
         )?;
         let members = config.members(address);
         let member_ids: Vec<u64> = members.keys().copied().collect();
-        let tls = NodeTls::load(&config.tls, config.node_id, &member_ids)?;
+        let tls = NodeTls::load(
+            &config.tls,
+            config.auth.client_ca.as_deref(),
+            config.node_id,
+            &member_ids,
+        )?;
         let gossip_secret =
             crate::load_view::gossip_secret(&config.gossip).map_err(NodeError::GossipSecret)?;
         let member_tls = tls.as_ref().and_then(NodeTls::member);

@@ -1,12 +1,12 @@
 //! The node's TLS material, read from the files `[tls]` names: the
 //! certificate and key it presents on both ports and to the peers it
-//! dials, and the cluster's CA that the peer port's mutual TLS trusts.
-//! The files are read once, at start.
+//! dials, the cluster's CA that the peer port's mutual TLS trusts, and
+//! (`auth.client_ca`) the CA of the client certificates the client port
+//! asks for. The files are read once, at start.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Certificates are not reloaded: a renewed certificate takes a restart
 //!   (a rolling one keeps the cluster serving).
-//! - The client port does not ask clients for certificates yet.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -55,13 +55,16 @@ pub struct NodeTls {
     identity: Identity,
     /// The cluster's CA; none for a one-node cluster given none.
     ca: Option<Certificate>,
+    /// The CA of clients' certificates, when clients may present one.
+    client_ca: Option<Certificate>,
 }
 
 impl NodeTls {
-    /// Reads the files `settings` names; none when TLS is off. With a CA
-    /// the certificate must name `node` alone among `members`.
+    /// Reads the files `settings` and `client_ca` name; none when TLS is
+    /// off. With a CA the certificate must name `node` alone among `members`.
     pub fn load(
         settings: &TlsSettings,
+        client_ca: Option<&Path>,
         node: NodeId,
         members: &[NodeId],
     ) -> Result<Option<Self>, TlsFileError> {
@@ -82,14 +85,27 @@ impl NodeTls {
             .as_deref()
             .map(|ca| read("tls.ca certificate", ca).map(Certificate::from_pem))
             .transpose()?;
-        Ok(Some(Self { identity, ca }))
+        let client_ca = client_ca
+            .map(|ca| read("auth.client_ca certificate", ca).map(Certificate::from_pem))
+            .transpose()?;
+        Ok(Some(Self {
+            identity,
+            ca,
+            client_ca,
+        }))
     }
 
-    /// The client port's TLS: this node's certificate.
+    /// The client port's TLS: this node's certificate, and with a client
+    /// CA a request for the client's certificate (which a client with a
+    /// token need not send; one that is sent must verify).
     pub fn client_port(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
+        let config = ServerTlsConfig::new()
             .identity(self.identity.clone())
-            .timeout(HANDSHAKE_TIMEOUT)
+            .timeout(HANDSHAKE_TIMEOUT);
+        match &self.client_ca {
+            Some(ca) => config.client_ca_root(ca.clone()).client_auth_optional(true),
+            None => config,
+        }
     }
 
     /// The peer port's mutual TLS: callers must present a certificate of

@@ -1,15 +1,16 @@
 //! The interceptor that names the caller of every Floret and Admin call:
-//! reads `authorization: Bearer <token>`, verifies the token against the
-//! node's keys (remembering tokens it verified, until they expire), and
-//! leaves a [`Caller`] in the request; without keys every call is the
-//! anonymous tenant. Refusals are UNAUTHENTICATED, logged under `audit`
-//! and counted.
+//! reads `authorization: Bearer <token>` and verifies the token against the
+//! node's keys (remembering tokens it verified, until they expire), or
+//! without a token takes the tenant the connection's client certificate
+//! stands for, and leaves a [`Caller`] in the request; without keys or
+//! client certificates every call is the anonymous tenant. Refusals are
+//! UNAUTHENTICATED, logged under `audit` and counted.
 
 use std::sync::{Arc, LazyLock};
 
 use tonic::{Request, Status};
 
-use super::{Caller, TokenRefusal, TokenVerifier, VerifyKey, count_refusal};
+use super::{Caller, CertificateTenants, TokenRefusal, TokenVerifier, VerifyKey, count_refusal};
 
 /// Most verified tokens remembered; past it the memory starts again empty.
 const MAX_VERIFIED_TOKENS: usize = 4_096;
@@ -55,29 +56,40 @@ static ANONYMOUS: LazyLock<Arc<Caller>> = LazyLock::new(|| Arc::new(Caller::anon
 pub struct Authenticate {
     verifier: Option<std::sync::Arc<TokenVerifier>>,
     verified: std::sync::Arc<VerifiedTokens>,
+    certificates: Option<Arc<CertificateTenants>>,
 }
 
 impl Authenticate {
-    /// Checks tokens against `verifier`; none: every call is anonymous.
-    pub fn new(verifier: Option<TokenVerifier>) -> Self {
+    /// Checks tokens against `verifier` and client certificates against
+    /// `certificates`; neither: every call is anonymous.
+    pub fn new(verifier: Option<TokenVerifier>, certificates: Option<CertificateTenants>) -> Self {
         Self {
             verifier: verifier.map(std::sync::Arc::new),
             verified: std::sync::Arc::default(),
+            certificates: certificates.map(Arc::new),
         }
     }
 
-    /// The caller a request's metadata names, at `now_unix_s`.
+    /// The caller a request's metadata names, or else the client
+    /// certificate `leaf` (DER) its connection presented, at `now_unix_s`.
     pub fn caller(
         &self,
         metadata: &tonic::metadata::MetadataMap,
+        leaf: Option<&[u8]>,
         now_unix_s: u64,
     ) -> Result<Arc<Caller>, Unauthenticated> {
-        let Some(verifier) = &self.verifier else {
+        if self.verifier.is_none() && self.certificates.is_none() {
             return Ok(ANONYMOUS.clone());
+        }
+        let Some(header) = metadata.get("authorization") else {
+            return self.certificate_caller(leaf);
         };
-        let header = metadata
-            .get("authorization")
-            .ok_or(Unauthenticated::new("missing", "no authorization metadata: this node needs `authorization: Bearer <token>` on every call (floret --token, FLORET_TOKEN)".into()))?;
+        let Some(verifier) = &self.verifier else {
+            return Err(Unauthenticated::new(
+                "malformed",
+                "this node takes no tokens (it has no token keys): present a client certificate that stands for your tenant".into(),
+            ));
+        };
         let text = header.to_str().map_err(|_| {
             Unauthenticated::new("malformed", "authorization metadata is not ASCII".into())
         })?;
@@ -98,6 +110,27 @@ impl Authenticate {
         self.verified.insert(token, &caller);
         Ok(caller)
     }
+
+    /// The tenant the client certificate `leaf` stands for, when a call
+    /// carries no token.
+    fn certificate_caller(&self, leaf: Option<&[u8]>) -> Result<Arc<Caller>, Unauthenticated> {
+        match (&self.certificates, leaf) {
+            (Some(certificates), Some(leaf)) => certificates.caller(leaf).ok_or_else(|| {
+                Unauthenticated::new(
+                    "certificate",
+                    "the client certificate stands for no tenant of this node (auth.client_certificates); send a token instead".into(),
+                )
+            }),
+            (Some(_), None) => Err(Unauthenticated::new(
+                "missing",
+                "no authorization metadata and no client certificate: this node needs `authorization: Bearer <token>` (floret --token, FLORET_TOKEN) or a client certificate that stands for a tenant".into(),
+            )),
+            (None, _) => Err(Unauthenticated::new(
+                "missing",
+                "no authorization metadata: this node needs `authorization: Bearer <token>` on every call (floret --token, FLORET_TOKEN)".into(),
+            )),
+        }
+    }
 }
 
 impl tonic::service::Interceptor for Authenticate {
@@ -105,7 +138,12 @@ impl tonic::service::Interceptor for Authenticate {
         let now_unix_s = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
-        match self.caller(request.metadata(), now_unix_s) {
+        let certificates = request.peer_certs();
+        let leaf = certificates
+            .as_ref()
+            .and_then(|chain| chain.first())
+            .map(|leaf| leaf.as_ref());
+        match self.caller(request.metadata(), leaf, now_unix_s) {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
                 Ok(request)

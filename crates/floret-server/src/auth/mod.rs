@@ -3,9 +3,11 @@
 //! before it acts.
 //!
 //! With token keys configured (`auth.token_keys`), every Floret and Admin
-//! call must carry `authorization: Bearer <token>` ([`token`]); the
-//! [`Authenticate`] interceptor verifies it and leaves a [`Caller`] in the
-//! request's extensions. Without keys (development mode, loopback only
+//! call must carry `authorization: Bearer <token>` ([`token`]), or come on
+//! a TLS connection whose client certificate stands for a tenant
+//! (`auth.client_certificates`, [`CertificateTenants`]); the
+//! [`Authenticate`] interceptor checks it and leaves a [`Caller`] in the
+//! request's extensions. Without either (development mode, loopback only
 //! unless `--insecure`) every call is the anonymous tenant, which may do
 //! everything. Health and reflection need no token.
 //!
@@ -16,21 +18,20 @@
 //! `floret_auth_refusals_total{reason}`.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - An ack names its delivery by id; any tenant with the consume role on
-//!   the queue (and, on a stream, any stream of that queue) and the id can
-//!   settle it. Tying a delivery to the stream or tenant it went to, and a
-//!   random part in delivery ids, are not done yet.
-//! - Fairness is still per producer, not per tenant.
+//! - A client certificate is checked when its connection is made: calls on
+//!   a connection go on after the certificate expires, until it closes.
 //! - A request that did not pass [`Authenticate`] is taken as the anonymous
 //!   tenant ([`Caller::of`]); every Floret and Admin service is behind it.
 
 mod authenticate;
+mod certificates;
 pub mod token;
 
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Status};
 
 pub use authenticate::{Authenticate, Unauthenticated, load_verifier};
+pub use certificates::{CertificateTenants, tenant_certificate_name};
 pub use token::{SigningKey, TokenClaims, TokenRefusal, TokenVerifier, VerifyKey};
 
 /// Longest tenant name.
@@ -177,16 +178,40 @@ impl Caller {
 
     /// The tenant a verified token names.
     pub fn from_claims(claims: TokenClaims) -> Result<Self, String> {
-        let queues = claims
-            .queues
+        Self::named(
+            &claims.tenant,
+            claims.roles,
+            &claims.queues,
+            Some(claims.exp),
+        )
+    }
+
+    /// The tenant a client certificate stands for (`auth.client_certificates`):
+    /// valid as long as the connection that presented it.
+    pub fn from_certificate(mapping: &crate::config::CertificateTenant) -> Result<Self, String> {
+        Self::named(
+            &mapping.tenant,
+            mapping.roles.clone(),
+            &mapping.queues,
+            None,
+        )
+    }
+
+    fn named(
+        tenant: &str,
+        roles: Vec<Role>,
+        queues: &[String],
+        expires_unix_s: Option<u64>,
+    ) -> Result<Self, String> {
+        let queues = queues
             .iter()
             .map(|pattern| QueuePattern::parse(pattern))
             .collect::<Result<_, _>>()?;
         Ok(Self {
-            tenant: Some(TenantName::parse(&claims.tenant)?.to_owned()),
-            roles: claims.roles,
+            tenant: Some(TenantName::parse(tenant)?.to_owned()),
+            roles,
             queues,
-            expires_unix_s: Some(claims.exp),
+            expires_unix_s,
         })
     }
 

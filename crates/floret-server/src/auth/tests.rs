@@ -99,20 +99,29 @@ fn a_non_admin_changes_policies() {
 fn calls_without_a_good_bearer_token_get_through() {
     let key = SigningKey::generate().unwrap();
     let verifier = TokenVerifier::new(vec![VerifyKey::from_pem(&key.public_pem()).unwrap()]);
-    let authenticate = Authenticate::new(Some(verifier));
+    let authenticate = Authenticate::new(Some(verifier), None);
     let mut metadata = tonic::metadata::MetadataMap::new();
     assert_eq!(
-        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        authenticate
+            .caller(&metadata, None, 100)
+            .unwrap_err()
+            .reason,
         "missing"
     );
     metadata.insert("authorization", "Basic abc".parse().unwrap());
     assert_eq!(
-        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        authenticate
+            .caller(&metadata, None, 100)
+            .unwrap_err()
+            .reason,
         "malformed"
     );
     metadata.insert("authorization", "Bearer x.y.z".parse().unwrap());
     assert_eq!(
-        authenticate.caller(&metadata, 100).unwrap_err().reason,
+        authenticate
+            .caller(&metadata, None, 100)
+            .unwrap_err()
+            .reason,
         "malformed"
     );
     let token = key
@@ -126,22 +135,85 @@ fn calls_without_a_good_bearer_token_get_through() {
         .unwrap();
     metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
     assert_eq!(
-        authenticate.caller(&metadata, 100).unwrap().tenant(),
+        authenticate.caller(&metadata, None, 100).unwrap().tenant(),
         "acme"
     );
     assert_eq!(
-        authenticate.caller(&metadata, 150).unwrap().tenant(),
+        authenticate.caller(&metadata, None, 150).unwrap().tenant(),
         "acme",
         "the second call takes the token verified by the first"
     );
     assert_eq!(
-        authenticate.caller(&metadata, 300).unwrap_err().reason,
+        authenticate
+            .caller(&metadata, None, 300)
+            .unwrap_err()
+            .reason,
         "expired",
         "a token verified before still expires"
     );
-    let anonymous = Authenticate::new(None);
+    let anonymous = Authenticate::new(None, None);
     assert_eq!(
-        anonymous.caller(&tonic::metadata::MetadataMap::new(), 0),
+        anonymous.caller(&tonic::metadata::MetadataMap::new(), None, 0),
         Ok(std::sync::Arc::new(Caller::anonymous()))
+    );
+}
+
+/// A certificate carrying the DNS names `names` (DER), as a CA would sign it.
+fn certificate_carrying(names: &[&str]) -> Vec<u8> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(
+        names
+            .iter()
+            .map(|name| name.to_string())
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    params.self_signed(&key).unwrap().der().to_vec()
+}
+
+#[test]
+fn a_client_certificate_stands_for_the_tenant_its_name_maps_to() {
+    let mapping = |name: &str, tenant: &str| crate::config::CertificateTenant {
+        name: name.into(),
+        tenant: tenant.into(),
+        roles: vec![Role::Produce],
+        queues: vec![format!("{tenant}.*")],
+    };
+    let certificates = CertificateTenants::new(&[
+        mapping("acme.tenant.floret", "acme"),
+        mapping("globex.tenant.floret", "globex"),
+    ])
+    .unwrap();
+    let authenticate = Authenticate::new(None, certificates);
+    let no_token = tonic::metadata::MetadataMap::new();
+    let globex = certificate_carrying(&["globex.tenant.floret"]);
+    let caller = authenticate.caller(&no_token, Some(&globex), 0).unwrap();
+    assert_eq!(caller.tenant(), "globex");
+    assert!(caller.require(Role::Produce, "globex.orders").is_ok());
+    assert!(caller.require(Role::Produce, "acme.orders").is_err());
+    assert_eq!(caller.expires_unix_s(), None);
+    let stranger = certificate_carrying(&["stranger.example.com"]);
+    let refused = authenticate
+        .caller(&no_token, Some(&stranger), 0)
+        .unwrap_err();
+    assert_eq!(refused.reason, "certificate");
+    assert!(
+        !refused.message.contains("acme") && !refused.message.contains("globex"),
+        "a refusal names no tenant: {}",
+        refused.message
+    );
+    assert_eq!(
+        authenticate.caller(&no_token, None, 0).unwrap_err().reason,
+        "missing"
+    );
+    let mut with_token = tonic::metadata::MetadataMap::new();
+    with_token.insert("authorization", "Bearer x.y.z".parse().unwrap());
+    let refused = authenticate
+        .caller(&with_token, Some(&globex), 0)
+        .unwrap_err();
+    assert!(
+        refused.message.contains("takes no tokens"),
+        "{}",
+        refused.message
     );
 }

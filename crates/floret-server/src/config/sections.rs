@@ -41,13 +41,39 @@ pub struct AuthSettings {
     /// token.pub) that tokens may be signed with. Two at once let a new key
     /// be rolled out before the old one is retired.
     pub token_keys: Vec<PathBuf>,
+    /// The CA that signs clients' certificates (PEM). With it the client
+    /// port (which then needs `tls.cert`) asks clients for a certificate; a
+    /// client may still send a token instead.
+    pub client_ca: Option<PathBuf>,
+    /// The client certificates that stand for tenants, each by a DNS name
+    /// it carries.
+    pub client_certificates: Vec<CertificateTenant>,
 }
 
 impl AuthSettings {
-    /// Whether calls need tokens.
+    /// Whether every call must name its tenant (by a token or a client
+    /// certificate).
     pub fn enabled(&self) -> bool {
-        !self.token_keys.is_empty()
+        !self.token_keys.is_empty() || !self.client_certificates.is_empty()
     }
+}
+
+/// A client certificate that stands for a tenant: one signed by
+/// `auth.client_ca` and carrying the DNS name `name` (a subject
+/// alternative name; `floret certs --tenant acme` makes one carrying
+/// `acme.tenant.floret`) calls as `tenant`, with `roles` on `queues`, as a
+/// token with those claims would.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateTenant {
+    /// The DNS name the certificate carries.
+    pub name: String,
+    /// The tenant it stands for.
+    pub tenant: String,
+    /// What it may do.
+    pub roles: Vec<crate::auth::Role>,
+    /// The queues it may use (patterns, `*` any run of characters).
+    pub queues: Vec<String>,
 }
 
 /// How the node gossips its load (clusters of more than one node only).

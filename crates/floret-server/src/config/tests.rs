@@ -217,7 +217,99 @@ fn plaintext_off_loopback_needs_insecure_and_tls_needs_its_pieces() {
 fn with_token_keys() -> AuthSettings {
     AuthSettings {
         token_keys: vec!["token.pub".into()],
+        ..AuthSettings::default()
     }
+}
+
+fn acme_certificate() -> CertificateTenant {
+    CertificateTenant {
+        name: "acme.tenant.floret".into(),
+        tenant: "acme".into(),
+        roles: vec![crate::auth::Role::Produce],
+        queues: vec!["acme.*".into()],
+    }
+}
+
+#[test]
+fn client_certificates_that_no_tls_port_could_ask_for_are_refused() {
+    let tls = TlsSettings {
+        cert: Some("node.pem".into()),
+        key: Some("node.key".into()),
+        ca: None,
+    };
+    let with_certificates = |tls: TlsSettings, client_ca: Option<&str>| Config {
+        tls,
+        auth: AuthSettings {
+            client_ca: client_ca.map(Into::into),
+            client_certificates: vec![acme_certificate()],
+            ..AuthSettings::default()
+        },
+        ..Config::default()
+    };
+    let alone = with_certificates(tls.clone(), Some("clients.pem")).validate();
+    assert!(alone.is_ok(), "certificates alone name tenants: {alone:?}");
+    let no_ca = with_certificates(tls.clone(), None).validate().unwrap_err();
+    assert!(no_ca.to_string().contains("auth.client_ca"), "{no_ca}");
+    let plaintext = with_certificates(TlsSettings::default(), Some("clients.pem"))
+        .validate()
+        .unwrap_err();
+    assert!(plaintext.to_string().contains("tls.cert"), "{plaintext}");
+    let no_mapping = Config {
+        tls: tls.clone(),
+        auth: AuthSettings {
+            client_ca: Some("clients.pem".into()),
+            ..AuthSettings::default()
+        },
+        ..Config::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(
+        no_mapping.to_string().contains("auth.client_certificates"),
+        "{no_mapping}"
+    );
+    for (bad, says) in [
+        (
+            CertificateTenant {
+                name: "not a name".into(),
+                ..acme_certificate()
+            },
+            "DNS name",
+        ),
+        (
+            CertificateTenant {
+                tenant: "acme/eu".into(),
+                ..acme_certificate()
+            },
+            "tenant",
+        ),
+        (
+            CertificateTenant {
+                roles: vec![],
+                ..acme_certificate()
+            },
+            "roles",
+        ),
+        (
+            CertificateTenant {
+                queues: vec!["acme/*".into()],
+                ..acme_certificate()
+            },
+            "acme/*",
+        ),
+    ] {
+        let mut config = with_certificates(tls.clone(), Some("clients.pem"));
+        config.auth.client_certificates = vec![bad];
+        let refused = config.validate().unwrap_err();
+        assert!(refused.to_string().contains(says), "{says}: {refused}");
+    }
+    let mut twice = with_certificates(tls, Some("clients.pem"));
+    twice.auth.client_certificates.push(CertificateTenant {
+        tenant: "globex".into(),
+        ..acme_certificate()
+    });
+    let refused = twice.validate().unwrap_err();
+    assert!(refused.to_string().contains("twice"), "{refused}");
 }
 
 #[test]

@@ -97,6 +97,7 @@ impl Config {
         if tls.cert.is_some() != tls.key.is_some() {
             return Err("tls.cert and tls.key go together: give both or neither".into());
         }
+        self.check_client_certificates()?;
         if tls.ca.is_some() && tls.cert.is_none() {
             return Err("tls.ca (--tls-ca, FLORET_TLS_CA) needs tls.cert and tls.key, this node's own member certificate: give them, or unset FLORET_TLS_CA to serve plaintext on loopback".into());
         }
@@ -111,7 +112,7 @@ impl Config {
                     !peer.ip().is_loopback()
                 });
         if self.auth.enabled() && peer_port_exposed && !tls.enabled() {
-            return Err("token keys with a plaintext peer port off loopback: anyone who reaches the peer port could produce, consume and ack as any tenant there, past every token. Give tls.cert, tls.key and tls.ca (mutual TLS lets only members in)".into());
+            return Err("tenants (token keys or client certificates) with a plaintext peer port off loopback: anyone who reaches the peer port could produce, consume and ack as any tenant there, past every token. Give tls.cert, tls.key and tls.ca (mutual TLS lets only members in)".into());
         }
         if self.insecure {
             return Ok(());
@@ -135,6 +136,49 @@ impl Config {
                 "refusing to serve the client port on {} without token keys: anyone who reaches it could produce as any tenant, consume any queue and change policies. Give auth.token_keys (--token-keys, FLORET_TOKEN_KEYS; `floret certs` writes token.pub), or --insecure on a network only trusted clients can reach",
                 self.listen.ip()
             ));
+        }
+        Ok(())
+    }
+
+    /// Client certificates need a TLS client port and their CA, and each
+    /// mapping must name a tenant as a token would.
+    fn check_client_certificates(&self) -> Result<(), String> {
+        let auth = &self.auth;
+        if auth.client_certificates.is_empty() {
+            if auth.client_ca.is_some() {
+                return Err("auth.client_ca without auth.client_certificates: no client certificate would name a tenant; list the certificates that stand for tenants, or drop auth.client_ca".into());
+            }
+            return Ok(());
+        }
+        if auth.client_ca.is_none() {
+            return Err("auth.client_certificates need auth.client_ca, the CA that signs them: without it the client port cannot check them".into());
+        }
+        if !self.tls.enabled() {
+            return Err(
+                "auth.client_certificates need TLS on the client port: give tls.cert and tls.key"
+                    .into(),
+            );
+        }
+        let mut names = std::collections::HashSet::new();
+        for mapping in &auth.client_certificates {
+            let what = format!("auth.client_certificates entry {:?}", mapping.name);
+            if !floret_cluster::is_dns_name(&mapping.name) {
+                return Err(format!(
+                    "{what}: name must be a DNS name the certificate carries"
+                ));
+            }
+            if !names.insert(mapping.name.as_str()) {
+                return Err(format!("{what}: the name is listed twice"));
+            }
+            crate::auth::TenantName::parse(&mapping.tenant)
+                .map_err(|why| format!("{what}: tenant: {why}"))?;
+            if mapping.roles.is_empty() {
+                return Err(format!("{what}: roles must name at least one role"));
+            }
+            for pattern in &mapping.queues {
+                crate::auth::QueuePattern::parse(pattern)
+                    .map_err(|why| format!("{what}: {why}"))?;
+            }
         }
         Ok(())
     }
