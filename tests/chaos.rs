@@ -61,6 +61,7 @@ async fn run_schedule_over(
         load_between_faults: Duration::from_secs(1),
         tls,
         gossip_cut: false,
+        tenants: None,
     })
     .await;
     let result = match result {

@@ -56,6 +56,13 @@ struct Args {
     /// must not depend on it.
     #[arg(long)]
     gossip_cut: bool,
+    /// Give every node token keys and produce as this many tenants (the
+    /// producers spread over them), consuming as one more: ack ownership,
+    /// tenant namespaces and fairness between tenants under the faults
+    /// (a count that divides --producers keeps every producer's share
+    /// equal, which the fairness figure expects).
+    #[arg(long)]
+    tenants: Option<u32>,
 }
 
 /// Totals of one schedule over its runs.
@@ -143,6 +150,7 @@ fn main() -> anyhow::Result<()> {
             load_between_faults: Duration::from_secs(args.load_seconds),
             tls: args.tls,
             gossip_cut: args.gossip_cut,
+            tenants: args.tenants,
         };
         let result = runtime.block_on(run(spec))?;
         let problems = result.problems();

@@ -105,6 +105,66 @@ impl ClusterCerts {
     }
 }
 
+/// Tenants' tokens for a cluster: a signing key `floret token keygen` made
+/// for it, and tokens `floret token create` signs with it.
+#[derive(Debug, Clone)]
+pub struct ClusterTokens {
+    floret: PathBuf,
+    dir: PathBuf,
+}
+
+impl ClusterTokens {
+    /// Runs `floret token keygen` (the binary at `floret`) into `dir`.
+    pub fn make(floret: &Path, dir: &Path) -> Result<Self, String> {
+        let tokens = Self {
+            floret: floret.to_path_buf(),
+            dir: dir.to_path_buf(),
+        };
+        tokens.run(&["token".into(), "keygen".into(), "--out".into(), dir.into()])?;
+        Ok(tokens)
+    }
+
+    /// The public key every node verifies tokens with (`--token-keys`).
+    pub fn public_key(&self) -> PathBuf {
+        self.dir.join("token.pub")
+    }
+
+    /// A token for `tenant` with `roles` (comma-separated) on `queues`
+    /// (comma-separated patterns, may be empty), valid for a day.
+    pub fn token(&self, tenant: &str, roles: &str, queues: &str) -> Result<String, String> {
+        let mut args: Vec<OsString> = vec![
+            "token".into(),
+            "create".into(),
+            "--key".into(),
+            self.dir.join("token.key").into(),
+            "--tenant".into(),
+            tenant.into(),
+            "--roles".into(),
+            roles.into(),
+            "--ttl".into(),
+            "1d".into(),
+        ];
+        if !queues.is_empty() {
+            args.extend(["--queues".into(), queues.into()]);
+        }
+        self.run(&args).map(|printed| printed.trim().to_owned())
+    }
+
+    fn run(&self, args: &[OsString]) -> Result<String, String> {
+        let output = Command::new(&self.floret)
+            .args(args)
+            .output()
+            .map_err(|error| format!("cannot run {}: {error}", self.floret.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "floret token failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
 /// The arguments of `floret serve` for one node.
 #[derive(Debug, Clone, Default)]
 pub struct ServeArgs {

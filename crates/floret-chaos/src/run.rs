@@ -44,6 +44,9 @@ pub struct RunSpec {
     pub tls: bool,
     /// Cut every node's gossip for the whole run.
     pub gossip_cut: bool,
+    /// Give the nodes token keys, and produce as this many tenants (none:
+    /// no tokens, one anonymous tenant).
+    pub tenants: Option<u32>,
 }
 
 /// What a run found.
@@ -102,6 +105,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         start_failpoints: spec.start_failpoints.clone(),
         tls: spec.tls,
         gossip_cut: spec.gossip_cut,
+        tenants: spec.tenants.is_some(),
     })
     .await?;
     let recorder = Recorder::new();
@@ -113,6 +117,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         &cluster.addresses(),
         &consumer_addresses,
         cluster.client_tls(),
+        match spec.tenants {
+            Some(tenants) => cluster.workload_tokens(tenants)?,
+            None => None,
+        },
     )?;
     let mut observations = Vec::new();
     let mut schedule_failures = Vec::new();

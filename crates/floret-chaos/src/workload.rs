@@ -7,6 +7,10 @@
 //! rate so the producers stay backlogged (which the fairness figure needs);
 //! the drain lifts the cap and reads until the cluster holds nothing.
 //!
+//! On a cluster that takes tokens the producers are several tenants
+//! (producer `p` is tenant `p % tenants`'s, stored as `tenant/chaos-p`) and
+//! the consumers one more; the history names producers without the tenant.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - One queue; producers do not use idempotency sequences (each attempt is
 //!   a new message, so a retry shows up as its own attempt).
@@ -58,6 +62,22 @@ impl Default for WorkloadSpec {
     }
 }
 
+/// The tokens a workload's clients send to a cluster that takes tokens.
+#[derive(Debug, Clone)]
+pub struct WorkloadTokens {
+    /// The producing tenants and their tokens: producer `p` is the
+    /// `p % len`th's.
+    pub producing: Vec<(String, String)>,
+    /// The consumers' token.
+    pub consuming: String,
+}
+
+impl WorkloadTokens {
+    fn of_producer(&self, producer: u32) -> &(String, String) {
+        &self.producing[producer as usize % self.producing.len()]
+    }
+}
+
 /// A consumer task and the node it reads through.
 struct ConsumerTask {
     address: String,
@@ -77,17 +97,21 @@ pub struct Workload {
     next_consumer: u32,
     /// How clients trust the nodes, when the cluster serves TLS.
     tls: Option<ClientTls>,
+    /// What clients send, when the cluster takes tokens.
+    tokens: Option<WorkloadTokens>,
 }
 
 impl Workload {
     /// Starts `spec.producers` producers over `all_addresses` and one
-    /// consumer per address in `consumer_addresses`, over TLS with `tls`.
+    /// consumer per address in `consumer_addresses`, over TLS with `tls`,
+    /// as tenants with `tokens`.
     pub fn start(
         spec: WorkloadSpec,
         recorder: Recorder,
         all_addresses: &str,
         consumer_addresses: &[String],
         tls: Option<ClientTls>,
+        tokens: Option<WorkloadTokens>,
     ) -> anyhow::Result<Self> {
         let (stop_producing, _) = watch::channel(false);
         let (stop_consuming, _) = watch::channel(false);
@@ -102,9 +126,14 @@ impl Workload {
             consumers: Vec::new(),
             next_consumer: 0,
             tls,
+            tokens,
         };
         for producer in 0..workload.spec.producers {
-            let client = Client::connect_lazy_with(all_addresses, workload.tls.as_ref())?;
+            let token = workload
+                .tokens
+                .as_ref()
+                .map(|tokens| tokens.of_producer(producer).1.as_str());
+            let client = Client::connect_lazy_as(all_addresses, workload.tls.as_ref(), token)?;
             workload.producers.push(tokio::spawn(produce(
                 producer,
                 client,
@@ -125,9 +154,11 @@ impl Workload {
 
     fn spawn_consumer(&mut self, address: &str) -> anyhow::Result<JoinHandle<()>> {
         self.next_consumer += 1;
+        let token = self.tokens.as_ref().map(|tokens| tokens.consuming.as_str());
         Ok(tokio::spawn(consume(
             self.next_consumer,
-            Client::connect_lazy_with(address, self.tls.as_ref())?,
+            Client::connect_lazy_as(address, self.tls.as_ref(), token)?,
+            self.tokens.clone(),
             self.spec.capped_consume_rate,
             self.recorder.clone(),
             self.stop_consuming.subscribe(),
@@ -297,9 +328,32 @@ fn classify(status: &tonic::Status) -> Outcome {
 
 /// One consumer: reads through one node, records every delivery, acks in
 /// batches; reopens its stream when it breaks.
+/// A delivered producer id as the history names producers: without the
+/// `tenant/` a node with token keys stores a tenant's producers under, if
+/// it is the tenant the payload's producer produced as (otherwise whole,
+/// for the checker to flag).
+fn history_producer_id(
+    stored: String,
+    payload: &Payload,
+    tokens: Option<&WorkloadTokens>,
+) -> String {
+    let (Some(tokens), Payload::Intact(id)) = (tokens, payload) else {
+        return stored;
+    };
+    let tenant = &tokens.of_producer(id.producer).0;
+    match stored
+        .strip_prefix(tenant.as_str())
+        .and_then(|rest| rest.strip_prefix('/'))
+    {
+        Some(name) => name.to_owned(),
+        None => stored,
+    }
+}
+
 async fn consume(
     consumer: u32,
     client: Client,
+    tokens: Option<WorkloadTokens>,
     capped_rate: u32,
     recorder: Recorder,
     mut stop: watch::Receiver<bool>,
@@ -328,10 +382,12 @@ async fn consume(
                     if let Payload::Intact(id) = &payload {
                         delivered.insert(delivery.delivery_id.clone(), *id);
                     }
+                    let producer_id =
+                        history_producer_id(delivery.producer_id, &payload, tokens.as_ref());
                     recorder.record(Event::Delivered {
                         consumer,
                         session,
-                        producer_id: delivery.producer_id,
+                        producer_id,
                         sequence: delivery.sequence,
                         attempt: delivery.attempt,
                         payload,
@@ -366,5 +422,38 @@ async fn consume(
         if stopped_within(&mut stop, RETRY_PAUSE).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivery_stored_under_another_tenant_keeps_its_whole_name_for_the_checker() {
+        let tokens = WorkloadTokens {
+            producing: vec![
+                ("tenant0".into(), "t0".into()),
+                ("tenant1".into(), "t1".into()),
+            ],
+            consuming: "sink".into(),
+        };
+        let of_producer_3 = Payload::Intact(MessageId {
+            producer: 3,
+            counter: 1,
+        });
+        assert_eq!(
+            history_producer_id("tenant1/chaos-3".into(), &of_producer_3, Some(&tokens)),
+            "chaos-3"
+        );
+        assert_eq!(
+            history_producer_id("tenant0/chaos-3".into(), &of_producer_3, Some(&tokens)),
+            "tenant0/chaos-3",
+            "producer 3 produces as tenant1"
+        );
+        assert_eq!(
+            history_producer_id("chaos-3".into(), &of_producer_3, None),
+            "chaos-3"
+        );
     }
 }

@@ -31,7 +31,7 @@ struct CreateArgs {
     /// The private key to sign with (token.key).
     #[arg(long, default_value = "floret-certs/token.key")]
     key: PathBuf,
-    /// The tenant: 1 to 64 ASCII letters, digits, '.', '_' or '-'.
+    /// The tenant: 1 to 64 ASCII letters, digits, '_' or '-'.
     #[arg(long)]
     tenant: String,
     /// What it may do: produce, consume, admin (comma-separated).

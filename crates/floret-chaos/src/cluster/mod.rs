@@ -9,7 +9,10 @@
 //! Node `i` dials node `j`'s peer port through its own proxy `i→j`;
 //! clients dial the nodes' client ports directly. With `tls` the nodes
 //! serve TLS and mutual TLS with certificates from `floret certs` (the
-//! proxies pass the encrypted bytes through). Every process is killed when the cluster drops.
+//! proxies pass the encrypted bytes through). With `tenants` they take
+//! tokens (`floret token keygen`): the cluster's own clients are an admin
+//! tenant, the workload's producers and consumers tenants of their own
+//! ([`Cluster::workload_tokens`]). Every process is killed when the cluster drops.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Ports are picked by binding port 0 and releasing it; another process
@@ -23,12 +26,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use floret_client::Client;
+
+use crate::workload::{QUEUE, WorkloadTokens};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::process::{
-    ClusterCerts, LOG_FILTER, START_DEADLINE, ServeArgs, TEST_MIN_FREE_BYTES, peers_flag, poll,
-    ready_address, shard_leader,
+    ClusterCerts, ClusterTokens, LOG_FILTER, START_DEADLINE, ServeArgs, TEST_MIN_FREE_BYTES,
+    peers_flag, poll, ready_address, shard_leader,
 };
 use crate::proxy::Link;
 
@@ -61,6 +66,8 @@ pub struct ClusterSpec {
     /// Cut every node's gossip for the whole run (else the view must be
     /// complete before the run goes on).
     pub gossip_cut: bool,
+    /// Give the nodes token keys: every call names a tenant.
+    pub tenants: bool,
 }
 
 /// One node's process, when it runs.
@@ -79,6 +86,9 @@ pub struct Cluster {
     nodes: BTreeMap<NodeId, Node>,
     links: BTreeMap<(NodeId, NodeId), Link>,
     certs: Option<ClusterCerts>,
+    /// The tokens' signing key, and the admin token the cluster's own
+    /// clients send, when the nodes take tokens.
+    tokens: Option<(ClusterTokens, String)>,
 }
 
 impl Cluster {
@@ -115,11 +125,23 @@ impl Cluster {
             ),
             false => None,
         };
+        let tokens = match spec.tenants {
+            true => {
+                let tokens = ClusterTokens::make(&spec.binary, &spec.root.join("tokens"))
+                    .map_err(anyhow::Error::msg)?;
+                let admin = tokens
+                    .token("chaos-admin", "admin", "")
+                    .map_err(anyhow::Error::msg)?;
+                Some((tokens, admin))
+            }
+            false => None,
+        };
         let mut cluster = Self {
             spec,
             nodes,
             links,
             certs,
+            tokens,
         };
         cluster.set_gossip_cut(cluster.spec.gossip_cut)?;
         let failpoints = cluster.spec.start_failpoints.clone();
@@ -156,12 +178,38 @@ impl Cluster {
     }
 
     /// A client of the nodes at `addresses` (comma-separated), over TLS
-    /// when the cluster serves it.
+    /// when the cluster serves it, as the admin tenant when it takes tokens.
     pub fn client_of(&self, addresses: &str) -> anyhow::Result<Client> {
-        Ok(Client::connect_lazy_with(
+        let admin = self.tokens.as_ref().map(|(_, admin)| admin.as_str());
+        Ok(Client::connect_lazy_as(
             addresses,
             self.client_tls().as_ref(),
+            admin,
         )?)
+    }
+
+    /// When the nodes take tokens: tokens for `tenants` producing tenants
+    /// and one consuming tenant, on the workload's queue alone.
+    pub fn workload_tokens(&self, tenants: u32) -> anyhow::Result<Option<WorkloadTokens>> {
+        let Some((tokens, _)) = &self.tokens else {
+            return Ok(None);
+        };
+        let producing = (0..tenants.max(1))
+            .map(|tenant| {
+                let name = format!("tenant{tenant}");
+                let token = tokens
+                    .token(&name, "produce", QUEUE)
+                    .map_err(anyhow::Error::msg)?;
+                anyhow::Ok((name, token))
+            })
+            .collect::<Result<_, _>>()?;
+        let consuming = tokens
+            .token("sink", "consume", QUEUE)
+            .map_err(anyhow::Error::msg)?;
+        Ok(Some(WorkloadTokens {
+            producing,
+            consuming,
+        }))
     }
 
     /// How clients trust the nodes, when the cluster serves TLS.
@@ -207,7 +255,15 @@ impl Cluster {
                 .certs
                 .as_ref()
                 .map(|certs| certs.serve_flags(id))
-                .unwrap_or_default(),
+                .into_iter()
+                .flatten()
+                .chain(self.tokens.as_ref().into_iter().flat_map(|(tokens, _)| {
+                    [
+                        "--token-keys".to_owned(),
+                        tokens.public_key().display().to_string(),
+                    ]
+                }))
+                .collect(),
         };
         let log = std::fs::OpenOptions::new()
             .create(true)
