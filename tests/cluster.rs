@@ -7,6 +7,7 @@
 mod bounded;
 mod consumer_moves;
 mod dev_cluster;
+mod first_start;
 mod gossip_blocked;
 mod harness;
 mod peer_port;

@@ -21,8 +21,10 @@ pub const START_DEADLINE: Duration = Duration::from_secs(60);
 /// What a node's ready line says before its address.
 const READY_MARKER: &str = " serving on ";
 
-/// The `RUST_LOG` of test nodes: floret's own info, the libraries' warnings.
-pub const LOG_FILTER: &str = "info,openraft=warn,sled=warn";
+/// The `RUST_LOG` of test nodes, as `floret serve`'s default: floret's own
+/// info, the libraries' warnings but for openraft's core, which warns at
+/// every election about the vote that arrives after the quorum.
+pub const LOG_FILTER: &str = "info,openraft=warn,openraft::core::raft_core=error,sled=warn";
 
 /// `FLORET_MIN_FREE_BYTES` of the nodes tests start: 1 MiB. Under the
 /// default watermark (256 MiB) every produce of a test is refused on a

@@ -136,10 +136,16 @@ enum Command {
     Token(token::TokenArgs),
 }
 
+/// A node's default `RUST_LOG`: floret's own info, the libraries'
+/// warnings, except openraft's core, which warns at every election about
+/// the vote that arrives after the quorum (and about replication sessions
+/// it replaced); its errors still show.
+const NODE_LOG: &str = "info,openraft=warn,openraft::core::raft_core=error,sled=warn";
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_log = match cli.command {
-        Command::Serve(_) | Command::Dev(_) => "info,openraft=warn,sled=warn",
+        Command::Serve(_) | Command::Dev(_) => NODE_LOG,
         _ => "warn",
     };
     tracing_subscriber::fmt()

@@ -137,12 +137,18 @@ impl Shards {
             );
         }
         let mut vote_guard = BTreeMap::new();
-        if lost_tail || new_data_dir {
+        if lost_tail {
             tracing::warn!(
                 log_bytes_cut = database.log_cut_at_open(),
                 new_data_dir,
                 "this node may have lost votes or entries it acknowledged: it grants no vote until a leader reaches it"
             );
+        } else if new_data_dir {
+            tracing::info!(
+                "new data dir: no vote until the peers have said whether the cluster already exists (a new cluster starts at once; a node rejoining after losing its data waits for a leader)"
+            );
+        }
+        if lost_tail || new_data_dir {
             let until = Instant::now() + VOTE_GUARD;
             for (&shard, group) in &groups {
                 group.raft.runtime_config().elect(false);
