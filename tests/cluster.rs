@@ -10,6 +10,7 @@ mod dev_cluster;
 mod first_start;
 mod gossip_blocked;
 mod harness;
+mod health;
 mod peer_port;
 mod tenants;
 

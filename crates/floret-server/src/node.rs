@@ -126,6 +126,10 @@ pub struct Node {
     /// Set to true when the node stops: the server drains, peer streams end.
     stopping: watch::Sender<bool>,
     server: Server,
+    /// Set to true once the node has reported SERVING.
+    ready: watch::Sender<bool>,
+    /// Turns health NOT_SERVING on a fault or while shards have no leader.
+    health_watcher: JoinHandle<()>,
     watchers: Vec<JoinHandle<()>>,
     load_view: Option<LoadView>,
 }
@@ -246,12 +250,14 @@ impl Node {
         )
         .await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
-        watchers.push(faults::spawn(
+        let (ready, is_ready) = watch::channel(false);
+        let health_watcher = faults::spawn(
             database.log_health(),
             shards.clone(),
             server.health(),
             fault.clone(),
-        ));
+            is_ready,
+        );
         tracing::info!(node_id = config.node_id, %address, ?peer_address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
@@ -261,6 +267,8 @@ impl Node {
             database,
             stopping,
             server,
+            ready,
+            health_watcher,
             watchers,
             load_view,
         })
@@ -286,6 +294,7 @@ impl Node {
                 self.server.report_not_serving().await;
             }
         }
+        self.ready.send_replace(true);
         Ok(())
     }
 
@@ -314,8 +323,10 @@ impl Node {
     }
 
     async fn stop(self) {
-        self.server.report_not_serving().await;
         self.stopping.send_replace(true);
+        self.health_watcher.abort();
+        let _stopped = self.health_watcher.await;
+        self.server.report_not_serving().await;
         self.server.drain(DRAIN_TIMEOUT).await;
         if let Some(load_view) = self.load_view {
             load_view.stop().await;

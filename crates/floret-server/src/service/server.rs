@@ -166,13 +166,7 @@ impl Server {
 
     /// Health answers SERVING.
     pub async fn report_serving(&self) {
-        self.health
-            .set_service_status("", ServingStatus::Serving)
-            .await;
-        self.health
-            .set_serving::<FloretServer<FloretService>>()
-            .await;
-        self.health.set_serving::<AdminServer<AdminService>>().await;
+        serving(&self.health).await;
     }
 
     /// Health answers NOT_SERVING.
@@ -219,6 +213,13 @@ impl Server {
             }
         }
     }
+}
+
+/// Turns the node's health, and its services', SERVING.
+pub async fn serving(health: &HealthReporter) {
+    health.set_service_status("", ServingStatus::Serving).await;
+    health.set_serving::<FloretServer<FloretService>>().await;
+    health.set_serving::<AdminServer<AdminService>>().await;
 }
 
 /// Turns the node's health, and its services', NOT_SERVING.
