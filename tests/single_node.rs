@@ -3,6 +3,7 @@
 //! `bad_input.rs`), and data-dir errors.
 
 mod bad_input;
+mod deploy_files;
 mod harness;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

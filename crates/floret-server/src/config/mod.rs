@@ -176,6 +176,17 @@ impl Config {
         Ok(config)
     }
 
+    /// Every `FLORET_*` environment variable a node reads, in the order it
+    /// reads them (asked of an empty environment, so always all of them).
+    pub fn environment_variables() -> Vec<String> {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let _defaults = Config::default().apply_env(|name| {
+            asked.borrow_mut().push(name.to_owned());
+            None
+        });
+        asked.into_inner()
+    }
+
     fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         fn parse<T: std::str::FromStr>(
             env: &impl Fn(&str) -> Option<String>,

@@ -1,0 +1,113 @@
+//! The deploy files name only what floret has: every `floret serve` flag
+//! they pass is in `floret serve --help`, and every `FLORET_*` variable
+//! they set for a node is one the node reads.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use super::harness::floret_binary;
+
+/// Variables the deploy files set for the `floret` commands and scripts
+/// around the node, not for the node itself.
+const NOT_FOR_THE_NODE: [&str; 3] = ["FLORET_TOKEN", "FLORET_BASE_PORT", "FLORET_DEV_DIR"];
+
+fn deploy_file(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// The `FLORET_*` names in `text`.
+fn variables(text: &str) -> BTreeSet<String> {
+    text.match_indices("FLORET_")
+        .map(|(at, _)| {
+            text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect::<String>()
+        })
+        .collect()
+}
+
+/// The `--flags` on the lines of `text` from a `floret serve` (or `" serve`)
+/// up to the end of that command (lines continued with `\`).
+fn serve_flags(text: &str) -> BTreeSet<String> {
+    let mut flags = BTreeSet::new();
+    let mut in_serve = false;
+    for line in text.lines() {
+        if line.contains("floret serve") || line.contains("\" serve") {
+            in_serve = true;
+        }
+        if in_serve {
+            for word in line.split_whitespace() {
+                if let Some(flag) = word.strip_prefix("--") {
+                    flags.insert(format!(
+                        "--{}",
+                        flag.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-')
+                    ));
+                }
+            }
+            in_serve = line.trim_end().ends_with('\\');
+        }
+    }
+    flags
+}
+
+#[test]
+fn a_deploy_file_sets_a_variable_or_flag_floret_does_not_have() {
+    let files = [
+        "Dockerfile",
+        "k8s/floret.yaml",
+        "compose/compose.yaml",
+        "systemd/floret.service",
+        "systemd/floret.env.example",
+        "local-cluster.sh",
+    ];
+    let read: BTreeSet<String> = floret_server::config::Config::environment_variables()
+        .into_iter()
+        .collect();
+    let help = Command::new(floret_binary())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let mut flags_checked = 0;
+    for name in files {
+        let text = deploy_file(name);
+        for variable in variables(&text) {
+            assert!(
+                read.contains(&variable) || NOT_FOR_THE_NODE.contains(&variable.as_str()),
+                "deploy/{name} sets {variable}, which the node does not read (it reads {read:?})"
+            );
+        }
+        for flag in serve_flags(&text) {
+            flags_checked += 1;
+            assert!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "deploy/{name} passes `floret serve {flag}`, which `floret serve --help` does not list"
+            );
+        }
+    }
+    assert!(
+        flags_checked >= 9,
+        "the flag scan found the serve commands: {flags_checked}"
+    );
+    assert!(
+        read.contains("FLORET_TOKEN_KEYS") && read.contains("FLORET_PEERS"),
+        "{read:?}"
+    );
+}
+
+#[test]
+fn the_image_builds_with_the_lock_file_and_without_target() {
+    assert!(deploy_file("Dockerfile").contains("cargo build --release --locked"));
+    let ignored =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.dockerignore"))
+            .unwrap();
+    assert!(
+        ignored.lines().any(|line| line.trim() == "target"),
+        "{ignored}"
+    );
+}
