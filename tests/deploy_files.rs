@@ -111,3 +111,29 @@ fn the_image_builds_with_the_lock_file_and_without_target() {
         "{ignored}"
     );
 }
+
+#[test]
+fn the_systemd_unit_has_a_key_systemd_does_not_know() {
+    let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("no systemd-analyze on this machine: the unit is not verified");
+        return;
+    };
+    assert!(probe.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let unit = dir.path().join("floret.service");
+    std::fs::write(
+        &unit,
+        deploy_file("systemd/floret.service").replace("/usr/local/bin/floret", floret_binary()),
+    )
+    .unwrap();
+    let verified = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verified.stderr);
+    assert!(
+        verified.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
+}
