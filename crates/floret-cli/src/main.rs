@@ -14,6 +14,7 @@ mod policy;
 mod produce;
 mod serve;
 mod status;
+mod table;
 mod token;
 
 use std::path::PathBuf;

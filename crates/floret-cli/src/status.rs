@@ -1,8 +1,10 @@
 //! `floret status`: the cluster's nodes (reachable, shards led), every
 //! shard with its leader, preferred leader and each replica's lag, then
-//! per-queue and per-producer statistics; a table, or `--json`.
+//! per-queue and per-producer statistics; tables in human units
+//! (`table.rs`), or `--json` with raw figures.
 
 use crate::DEFAULT_ADDRESS;
+use crate::table::{Align, Table, bytes, count, millis};
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
@@ -62,19 +64,22 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "asked node {} ({} nodes)\n\n{:>5}  {:<24}  {:<11}  {:<9}  {:>7}  {:>10}  {:>10}  {:>12}  {:>9}",
+        "asked node {} ({} nodes)\n",
         cluster.node_id,
-        cluster.nodes.len(),
-        "node",
-        "address",
-        "state",
-        "gossip",
-        "age ms",
-        "shards led",
-        "backlog",
-        "bytes",
-        "deliv/s"
+        cluster.nodes.len()
     );
+    let mut nodes = Table::new(&[
+        ("node", Align::Right),
+        ("address", Align::Left),
+        ("state", Align::Left),
+        ("gossip", Align::Left),
+        ("heard", Align::Right),
+        ("shards led", Align::Right),
+        ("backlog", Align::Right),
+        ("bytes", Align::Right),
+        ("deliv/s", Align::Right),
+        ("note", Align::Left),
+    ]);
     for node in &cluster.nodes {
         let state = match (node.reachable, node.fault.is_empty()) {
             (false, _) => "unreachable",
@@ -86,36 +91,39 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         } else {
             node.address.clone()
         };
-        println!(
-            "{:>5}  {:<24}  {:<11}  {:<9}  {:>7}  {:>10}  {:>10}  {:>12}  {:>9.0}{}",
-            node.node_id,
+        let note = if !node.fault.is_empty() {
+            format!("stopped serving: {}; restart it", node.fault)
+        } else if !node.gossip_warning.is_empty() {
+            format!("gossip: {}", node.gossip_warning)
+        } else {
+            node.error.clone()
+        };
+        nodes.row(vec![
+            node.node_id.to_string(),
             address,
-            state,
+            state.to_owned(),
             if node.liveness.is_empty() {
-                "-"
+                "-".to_owned()
             } else {
-                &node.liveness
+                node.liveness.clone()
             },
-            node.heartbeat_age_ms,
-            node.shards_led,
-            node.backlog_messages,
-            node.backlog_bytes,
-            node.dispatch_rate,
-            if !node.fault.is_empty() {
-                format!("  (stopped serving: {}; restart it)", node.fault)
-            } else if !node.gossip_warning.is_empty() {
-                format!("  (gossip: {})", node.gossip_warning)
-            } else if node.error.is_empty() {
-                String::new()
-            } else {
-                format!("  ({})", node.error)
-            }
-        );
+            format!("{} ago", millis(node.heartbeat_age_ms)),
+            count(u64::from(node.shards_led)),
+            count(node.backlog_messages),
+            bytes(node.backlog_bytes),
+            count(node.dispatch_rate.round() as u64),
+            note,
+        ]);
     }
-    println!(
-        "\n{:>5}  {:>6}  {:>9}  {:>5}  {:>10}  replicas (node:lag, ? = no answer)",
-        "shard", "leader", "preferred", "term", "last log"
-    );
+    println!("{}", nodes.render(""));
+    let mut shards = Table::new(&[
+        ("shard", Align::Right),
+        ("leader", Align::Right),
+        ("preferred", Align::Right),
+        ("term", Align::Right),
+        ("last log", Align::Right),
+        ("replicas (node:lag, ? = no answer)", Align::Left),
+    ]);
     for shard in &cluster.shards {
         let leader = if shard.leader_id == 0 {
             "-".to_owned()
@@ -133,28 +141,28 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 }
             })
             .collect();
-        println!(
-            "{:>5}  {:>6}  {:>9}  {:>5}  {:>10}  {}",
-            shard.shard_id,
+        shards.row(vec![
+            shard.shard_id.to_string(),
             leader,
-            shard.preferred_leader_id,
-            shard.term,
-            shard.last_log_index,
-            replicas.join(" ")
-        );
+            shard.preferred_leader_id.to_string(),
+            shard.term.to_string(),
+            count(shard.last_log_index),
+            replicas.join(" "),
+        ]);
     }
+    println!("\n{}", shards.render(""));
     for queue in &stats.queues {
         println!(
-            "\nqueue {}: backlog {} msgs / {} B, in flight {}, delivered {}, acked {}, redelivered {}, consumers {}, oldest {} ms, Jain {:.3} over {} s",
+            "\nqueue {}: backlog {} msgs / {}, in flight {}, delivered {}, acked {}, redelivered {}, consumers {}, oldest {}, Jain {:.3} over {} s",
             queue.queue,
-            queue.backlog_messages,
-            queue.backlog_bytes,
-            queue.in_flight,
-            queue.delivered,
-            queue.acked,
-            queue.redelivered,
+            count(queue.backlog_messages),
+            bytes(queue.backlog_bytes),
+            count(queue.in_flight),
+            count(queue.delivered),
+            count(queue.acked),
+            count(queue.redelivered),
             queue.consumers,
-            queue.oldest_message_age_ms,
+            millis(queue.oldest_message_age_ms),
             queue.jain_index,
             queue.fairness_window_seconds
         );
@@ -164,34 +172,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 .cmp(&a.backlog_messages)
                 .then(a.producer_id.cmp(&b.producer_id))
         });
-        println!(
-            "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}  {:>8}  {:>9}  {:>9}  {:>6}",
-            "producer",
-            "backlog",
-            "bytes",
-            "in flight",
-            "acked",
-            "oldest ms",
-            "window",
-            "dwell p50",
-            "dwell p99",
-            "weight"
-        );
+        let mut table = Table::new(&[
+            ("producer", Align::Left),
+            ("backlog", Align::Right),
+            ("bytes", Align::Right),
+            ("in flight", Align::Right),
+            ("acked", Align::Right),
+            ("oldest", Align::Right),
+            ("window", Align::Right),
+            ("dwell p50", Align::Right),
+            ("dwell p99", Align::Right),
+            ("weight", Align::Right),
+        ]);
         for producer in producers.iter().take(args.top) {
-            println!(
-                "  {:<32}  {:>10}  {:>10}  {:>9}  {:>10}  {:>10}  {:>8}  {:>9}  {:>9}  {:>6}",
-                producer.producer_id,
-                producer.backlog_messages,
-                producer.backlog_bytes,
-                producer.in_flight,
-                producer.acked,
-                producer.oldest_message_age_ms,
-                producer.window_deliveries,
-                producer.dwell_p50_ms,
-                producer.dwell_p99_ms,
-                producer.weight
-            );
+            table.row(vec![
+                producer.producer_id.clone(),
+                count(producer.backlog_messages),
+                bytes(producer.backlog_bytes),
+                count(producer.in_flight),
+                count(producer.acked),
+                millis(producer.oldest_message_age_ms),
+                count(producer.window_deliveries),
+                millis(producer.dwell_p50_ms),
+                millis(producer.dwell_p99_ms),
+                producer.weight.to_string(),
+            ]);
         }
+        println!("{}", table.render("  "));
         if producers.len() > args.top {
             println!("  ... {} more producers", producers.len() - args.top);
         }
