@@ -100,7 +100,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         secret_file: (!args.plaintext).then(|| certs.join("gossip.key")),
         ..GossipSettings::default()
     };
-    let from_environment = Config::load(None, |name| std::env::var(name).ok())?;
+    let from_environment =
+        Config::load_overlaid(None, |name| std::env::var(name).ok(), crate::environment())?;
     let mut nodes = Vec::new();
     for id in 1..=args.nodes {
         let config = Config {

@@ -91,6 +91,13 @@ static TENANT_TOKEN: OnceLock<Option<String>> = OnceLock::new();
 /// once from `--client-cert` and `--client-key`.
 static CLIENT_CERTIFICATE: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
 
+/// This process's environment variables that are text (others are
+/// skipped, not a panic), for the settings named by their path.
+pub(crate) fn environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+}
+
 /// A client of the nodes at `address` (one or several, comma-separated),
 /// over TLS when `--tls-ca` was given.
 pub(crate) fn dial(address: &str) -> anyhow::Result<Client> {

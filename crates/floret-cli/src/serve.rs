@@ -81,7 +81,11 @@ pub struct ServeArgs {
 
 /// Runs a node; `tls_ca` is the cluster's CA given to the whole command.
 pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()> {
-    let mut config = Config::load(args.config.as_deref(), |name| std::env::var(name).ok())?;
+    let mut config = Config::load_overlaid(
+        args.config.as_deref(),
+        |name| std::env::var(name).ok(),
+        crate::environment(),
+    )?;
     if let Some(cluster_name) = args.cluster_name {
         config.cluster_name = cluster_name;
     }

@@ -148,9 +148,50 @@ pub enum ConfigError {
         /// Why it does not parse.
         message: String,
     },
+    /// A nested variable (`FLORET_SECTION__KEY`) names no setting or
+    /// does not fit it.
+    #[error("environment variable {name}: {message}")]
+    Nested {
+        /// The variable (or the variables, when which is unclear).
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A value is out of range.
     #[error("invalid configuration: {0}")]
     Invalid(String),
+}
+
+/// What starts a variable that sets a setting by its path.
+const NESTED_PREFIX: &str = "FLORET_";
+/// What separates the sections and the key in such a variable.
+const NESTED_SEPARATOR: &str = "__";
+
+/// A variable's value as TOML: a number, boolean, array or table when it
+/// reads as one, else the text itself.
+fn toml_value(text: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("value = {text}"))
+        .ok()
+        .and_then(|mut table| table.remove("value"))
+        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
+}
+
+/// Sets `keys` (a path of tables, then a key) in `table` to `value`.
+fn set_nested(table: &mut toml::Table, keys: &[String], value: toml::Value) -> Result<(), String> {
+    let Some((key, sections)) = keys.split_last() else {
+        return Err("names no setting".into());
+    };
+    let mut at = table;
+    for section in sections {
+        let entry = at
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        at = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("{section} is a setting, not a section"))?;
+    }
+    at.insert(key.clone(), value);
+    Ok(())
 }
 
 impl Config {
@@ -159,19 +200,69 @@ impl Config {
         file: Option<&Path>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut config = match file {
+        Self::load_overlaid(file, env, std::iter::empty())
+    }
+
+    /// Like [`Config::load`], with every setting also settable by a
+    /// variable in `variables` named after its path: `FLORET_` then the
+    /// sections and the key, upper-cased and joined by `__`
+    /// (`FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS=300` sets
+    /// `raft.election_timeout_min_ms`). These overlay the file; the flat
+    /// variables `env` answers (`FLORET_NODE_ID`...) come last.
+    pub fn load_overlaid(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        variables: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table = match file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_path_buf(),
                     source,
                 })?;
-                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                toml::from_str::<toml::Table>(&text).map_err(|e| ConfigError::Parse {
                     path: path.to_path_buf(),
                     message: e.to_string(),
                 })?
             }
-            None => Config::default(),
+            None => toml::Table::new(),
         };
+        let mut overlaid = Vec::new();
+        for (name, value) in variables {
+            let Some(path) = name
+                .strip_prefix(NESTED_PREFIX)
+                .filter(|path| path.contains(NESTED_SEPARATOR))
+            else {
+                continue;
+            };
+            let keys: Vec<String> = path
+                .split(NESTED_SEPARATOR)
+                .map(str::to_ascii_lowercase)
+                .collect();
+            set_nested(&mut table, &keys, toml_value(&value)).map_err(|message| {
+                ConfigError::Nested {
+                    name: name.clone(),
+                    message,
+                }
+            })?;
+            overlaid.push(name);
+        }
+        let mut config: Config = toml::Value::Table(table).try_into().map_err(|e| {
+            match (file, overlaid.is_empty()) {
+                (Some(path), true) => ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                },
+                _ => ConfigError::Nested {
+                    name: overlaid.join(", "),
+                    message: format!(
+                        "{} ({} with these variables over it)",
+                        e.to_string().trim_end().replace('\n', " "),
+                        file.map_or("the defaults".to_owned(), |path| path.display().to_string())
+                    ),
+                },
+            }
+        })?;
         config.apply_env(env)?;
         Ok(config)
     }

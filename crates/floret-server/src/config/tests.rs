@@ -421,3 +421,55 @@ fn peer_listen_and_advertise_come_from_the_environment() {
     assert_eq!(config.peer_listen, Some("0.0.0.0:7801".parse().unwrap()));
     assert_eq!(config.advertise.as_deref(), Some("n1:7701"));
 }
+
+#[test]
+fn a_nested_setting_could_not_be_set_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floret.toml");
+    std::fs::write(
+        &path,
+        "[raft]\nheartbeat_ms = 40\nelection_timeout_min_ms = 250\n",
+    )
+    .unwrap();
+    let variables = [
+        ("FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS", "300"),
+        ("FLORET_BACKPRESSURE__HIGH_WATERMARK_BYTES", "1000000"),
+        ("FLORET_FAIRNESS__CROSS_NODE_SPLIT", "false"),
+        ("FLORET_CLUSTER_NAME", "flat variables are not nested ones"),
+        ("HOME", "/root"),
+    ]
+    .map(|(name, value)| (name.to_owned(), value.to_owned()));
+    let config = Config::load_overlaid(Some(&path), no_env, variables).unwrap();
+    assert_eq!(
+        config.raft.election_timeout_min_ms, 300,
+        "the variable beats the file"
+    );
+    assert_eq!(config.raft.heartbeat_ms, 40, "the file's other keys stay");
+    assert_eq!(config.backpressure.high_watermark_bytes, 1_000_000);
+    assert!(!config.fairness.cross_node_split);
+    assert_eq!(config.cluster_name, "floret");
+
+    let unknown = Config::load_overlaid(
+        None,
+        no_env,
+        [(
+            "FLORET_RAFT__ELECTION_TIMEOUT_MINIMUM".to_owned(),
+            "3".to_owned(),
+        )],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        unknown.contains("FLORET_RAFT__ELECTION_TIMEOUT_MINIMUM")
+            && unknown.contains("unknown field"),
+        "{unknown}"
+    );
+    let mistyped = Config::load_overlaid(
+        None,
+        no_env,
+        [("FLORET_RAFT__HEARTBEAT_MS".to_owned(), "fast".to_owned())],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(mistyped.contains("FLORET_RAFT__HEARTBEAT_MS"), "{mistyped}");
+}
