@@ -81,6 +81,10 @@ struct Cli {
         requires = "client_cert"
     )]
     client_key: Option<PathBuf>,
+    /// How logs are written to stderr: `text` (coloured on a terminal) or
+    /// `json` (one object per line, for log collectors).
+    #[arg(long, global = true, env = "FLORET_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
 }
 
 /// The CA this process's commands trust the nodes by: set once from `--tls-ca`.
@@ -144,6 +148,15 @@ enum Command {
     Token(token::TokenArgs),
 }
 
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// A node's default `RUST_LOG`: floret's own info, the libraries'
 /// warnings, except openraft's core, which warns at every election about
 /// the vote that arrives after the quorum (and about replication sessions
@@ -156,13 +169,17 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(_) | Command::Dev(_) => NODE_LOG,
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_log.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_log.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     floret_server::failpoints::configure_from_env();
     CLUSTER_CA.get_or_init(|| cli.tls_ca.clone());
     TENANT_TOKEN.get_or_init(|| cli.token.clone());
