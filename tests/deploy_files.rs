@@ -1,7 +1,8 @@
 //! The deploy files name only what floret has: every `floret serve` flag
 //! they pass is in `floret serve --help`, and every `FLORET_*` variable
 //! they set for a node is one the node reads (by name, or a setting's path
-//! such as `FLORET_RAFT__HEARTBEAT_MS`).
+//! such as `FLORET_RAFT__HEARTBEAT_MS`); and `floret config print` shows
+//! such a variable's setting and where it came from.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -145,5 +146,35 @@ fn the_systemd_unit_has_a_key_systemd_does_not_know() {
     assert!(
         verified.status.success() && said.trim().is_empty(),
         "systemd-analyze verify: {said}"
+    );
+}
+
+#[test]
+fn a_nested_variable_did_not_show_in_config_print() {
+    let printed = Command::new(floret_binary())
+        .args(["config", "print"])
+        .env("FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS", "300")
+        .env("FLORET_NODE_ID", "2")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let printed = String::from_utf8(printed.stdout).unwrap();
+    let line = |path: &str| {
+        printed
+            .lines()
+            .find(|line| line.starts_with(&format!("{path} = ")))
+            .unwrap_or_else(|| panic!("{path} not printed:\n{printed}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        line("raft.election_timeout_min_ms"),
+        "raft.election_timeout_min_ms = 300 # FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS"
+    );
+    assert_eq!(line("node_id"), "node_id = 2 # FLORET_NODE_ID");
+    assert_eq!(
+        line("raft.heartbeat_ms"),
+        "raft.heartbeat_ms = 100 # default"
     );
 }

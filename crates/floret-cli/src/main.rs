@@ -6,6 +6,7 @@
 
 mod bench;
 mod certs;
+mod config;
 mod consume;
 mod dead_letters;
 mod dev;
@@ -146,6 +147,9 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Make token signing keys, and sign tenants' tokens.
     Token(token::TokenArgs),
+    /// Show the configuration a node started here would use, and where
+    /// each setting came from.
+    Config(config::ConfigArgs),
 }
 
 /// How logs are written.
@@ -200,6 +204,7 @@ fn main() -> anyhow::Result<()> {
             Command::DeadLetters(args) => dead_letters::run(args).await,
             Command::Certs(args) => certs::run(args),
             Command::Token(args) => token::run(args),
+            Command::Config(args) => config::run(args),
         }
     })
 }

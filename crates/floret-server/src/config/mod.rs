@@ -6,6 +6,7 @@
 //! IMPLEMENTATION CAVEATS
 //! - The member list is static: every node must be started with the same one.
 
+mod origins;
 mod sections;
 mod validate;
 
@@ -15,12 +16,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use floret_cluster::RaftTuning;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
+pub use origins::SettingOrigin;
 pub use sections::*;
 
 /// Everything a node needs to start.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The cluster's name: its gossip ignores nodes of another name.
@@ -167,6 +169,18 @@ const NESTED_PREFIX: &str = "FLORET_";
 /// What separates the sections and the key in such a variable.
 const NESTED_SEPARATOR: &str = "__";
 
+/// The TOML file at `path`, as a table.
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str::<toml::Table>(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
 /// A variable's value as TOML: a number, boolean, array or table when it
 /// reads as one, else the text itself.
 fn toml_value(text: &str) -> toml::Value {
@@ -215,16 +229,7 @@ impl Config {
         variables: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
         let mut table = match file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                toml::from_str::<toml::Table>(&text).map_err(|e| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                })?
-            }
+            Some(path) => read_table(path)?,
             None => toml::Table::new(),
         };
         let mut overlaid = Vec::new();

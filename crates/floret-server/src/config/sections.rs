@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use floret_cluster::RaftTuning;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// TLS on both ports. With a certificate the client port serves TLS, and
 /// the peer port mutual TLS: every member presents a certificate of the
 /// cluster's CA naming it (`node-<id>.floret`; `floret certs` makes them).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSettings {
     /// This node's certificate chain (PEM), presented on both ports and to
@@ -34,7 +34,7 @@ impl TlsSettings {
 /// call must carry a bearer token signed by one of them (`floret token
 /// create`); without, every call is the one anonymous tenant, which may do
 /// everything (loopback only, unless `insecure`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     /// Public keys (Ed25519 `PUBLIC KEY` PEM files; `floret certs` writes
@@ -63,7 +63,7 @@ impl AuthSettings {
 /// alternative name; `floret certs --tenant acme` makes one carrying
 /// `acme.tenant.floret`) calls as `tenant`, with `roles` on `queues`, as a
 /// token with those claims would.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CertificateTenant {
     /// The DNS name the certificate carries.
@@ -77,7 +77,7 @@ pub struct CertificateTenant {
 }
 
 /// How the node gossips its load (clusters of more than one node only).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GossipSettings {
     /// UDP address to gossip on; by default the gRPC address's IP and port.
@@ -119,6 +119,12 @@ impl GossipSettings {
 #[serde(transparent)]
 pub struct SecretText(pub String);
 
+impl Serialize for SecretText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("<redacted>")
+    }
+}
+
 impl std::fmt::Debug for SecretText {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str("<redacted>")
@@ -126,7 +132,7 @@ impl std::fmt::Debug for SecretText {
 }
 
 /// Fairness across nodes.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FairnessConfig {
     /// Split each consumer's credits between nodes by the backlogged weight
@@ -146,7 +152,7 @@ impl Default for FairnessConfig {
 /// When a node slows its producers down: above the high watermark of bytes
 /// stored on it, producers holding more than their fair share are refused
 /// with a retry hint until the node is back below the low watermark.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackpressureConfig {
     /// Stored message bytes (every shard replica on the node) at which throttling starts.
@@ -168,7 +174,7 @@ impl Default for BackpressureConfig {
 }
 
 /// What is kept of producers.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProducersConfig {
     /// A producer with nothing stored and no policy override for this long
@@ -186,7 +192,7 @@ impl Default for ProducersConfig {
 }
 
 /// One member of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     /// The member's node id.
@@ -217,7 +223,7 @@ pub fn parse_peers(text: &str) -> Result<Vec<PeerConfig>, String> {
 }
 
 /// How the node's database uses memory.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
     /// sled's page cache, in bytes: the backlog beyond it stays on disk.
@@ -243,7 +249,7 @@ impl Default for StorageConfig {
 }
 
 /// What one request may carry.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest payload of one message, in bytes (1 MiB).
@@ -262,7 +268,7 @@ pub struct Limits {
 }
 
 /// How deliveries are leased.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {
     /// How long a delivery stays leased without an ack before it is redelivered, in ms.
@@ -270,7 +276,7 @@ pub struct DeliveryConfig {
 }
 
 /// How the leader folds concurrent operations into one raft entry.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
     /// Most operations (produce batches, ack batches) in one entry.
@@ -296,7 +302,7 @@ pub struct BatchingConfig {
 }
 
 /// Raft timing, in milliseconds.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftConfig {
     /// Leader heartbeat.

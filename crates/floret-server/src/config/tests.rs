@@ -473,3 +473,44 @@ fn a_nested_setting_could_not_be_set_from_the_environment() {
     .to_string();
     assert!(mistyped.contains("FLORET_RAFT__HEARTBEAT_MS"), "{mistyped}");
 }
+
+#[test]
+fn config_print_could_not_say_where_a_setting_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floret.toml");
+    std::fs::write(
+        &path,
+        "shards = 4\n[raft]\nheartbeat_ms = 40\n[gossip]\nsecret = \"s3cret-s3cret-s3cret\"\n",
+    )
+    .unwrap();
+    let origins = Config::origins(
+        Some(&path),
+        |name| (name == "FLORET_NODE_ID").then(|| "2".to_owned()),
+        vec![(
+            "FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS".to_owned(),
+            "300".to_owned(),
+        )],
+    )
+    .unwrap();
+    let of = |path: &str| {
+        origins
+            .iter()
+            .find(|setting| setting.path == path)
+            .map(|setting| (setting.value.as_str(), setting.origin.as_str()))
+            .unwrap_or_else(|| panic!("{path} not listed"))
+    };
+    let file = format!("file {}", path.display());
+    assert_eq!(of("shards"), ("4", file.as_str()));
+    assert_eq!(of("raft.heartbeat_ms"), ("40", file.as_str()));
+    assert_eq!(
+        of("raft.election_timeout_min_ms"),
+        ("300", "FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS")
+    );
+    assert_eq!(of("node_id"), ("2", "FLORET_NODE_ID"));
+    assert_eq!(of("cluster_name"), ("\"floret\"", "default"));
+    assert_eq!(
+        of("gossip.secret"),
+        ("\"<redacted>\"", file.as_str()),
+        "a secret is never printed"
+    );
+}
