@@ -5,6 +5,7 @@
 mod bad_input;
 mod deploy_files;
 mod harness;
+mod metrics;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

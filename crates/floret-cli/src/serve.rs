@@ -144,10 +144,20 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
     }
     config.validate()?;
     if let Some(metrics_listen) = config.metrics_listen {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(metrics_listen)
+        let mut exporter = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(metrics_listen);
+        for metric in floret_server::metric_catalog::METRICS {
+            if let floret_server::metric_catalog::MetricKind::Histogram(buckets) = metric.kind {
+                exporter = exporter.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(metric.name.to_owned()),
+                    buckets,
+                )?;
+            }
+        }
+        exporter
             .install()
             .with_context(|| format!("cannot serve metrics on {metrics_listen}"))?;
+        floret_server::metric_catalog::describe();
     }
     let listeners = floret_server::bind_listeners(&config).await?;
     let node_id = config.node_id;

@@ -41,6 +41,7 @@ mod idle;
 pub mod leadership;
 mod listeners;
 mod load_view;
+pub mod metric_catalog;
 mod node;
 pub mod policy;
 pub mod produce;
