@@ -8,6 +8,7 @@
 
 mod origins;
 mod sections;
+mod units;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -372,10 +373,22 @@ impl Config {
         if let Some(insecure) = parse(&env, "FLORET_INSECURE")? {
             self.insecure = insecure;
         }
-        if let Some(min_free_bytes) = parse(&env, "FLORET_MIN_FREE_BYTES")? {
+        let with_units = |name: &'static str, parse: fn(&str) -> Result<u64, String>| {
+            env(name)
+                .map(|value| {
+                    parse(&value).map_err(|message| ConfigError::Env {
+                        name,
+                        value,
+                        message,
+                    })
+                })
+                .transpose()
+        };
+        if let Some(min_free_bytes) = with_units("FLORET_MIN_FREE_BYTES", units::parse_bytes)? {
             self.storage.min_free_bytes = min_free_bytes;
         }
-        if let Some(lease_timeout_ms) = parse(&env, "FLORET_LEASE_TIMEOUT_MS")? {
+        if let Some(lease_timeout_ms) = with_units("FLORET_LEASE_TIMEOUT_MS", units::parse_millis)?
+        {
             self.delivery.lease_timeout_ms = lease_timeout_ms;
         }
         Ok(())

@@ -84,6 +84,7 @@ pub struct GossipSettings {
     pub listen: Option<SocketAddr>,
     /// Pause between gossip rounds, and between two publications of this
     /// node's load, in ms.
+    #[serde(deserialize_with = "super::units::millis")]
     pub interval_ms: u64,
     /// Phi-accrual threshold above which a silent node is declared dead.
     pub phi_threshold: f64,
@@ -156,10 +157,13 @@ impl Default for FairnessConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct BackpressureConfig {
     /// Stored message bytes (every shard replica on the node) at which throttling starts.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub high_watermark_bytes: u64,
     /// Stored message bytes below which it stops.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub low_watermark_bytes: u64,
     /// Wait suggested to a throttled producer.
+    #[serde(deserialize_with = "super::units::millis")]
     pub retry_after_ms: u64,
 }
 
@@ -180,6 +184,7 @@ pub struct ProducersConfig {
     /// A producer with nothing stored and no policy override for this long
     /// has its counters deleted (its sequences start again at 0, and
     /// idempotent retries are recognised only within this time).
+    #[serde(deserialize_with = "super::units::millis")]
     pub forget_idle_after_ms: u64,
 }
 
@@ -227,13 +232,16 @@ pub fn parse_peers(text: &str) -> Result<Vec<PeerConfig>, String> {
 #[serde(default, deny_unknown_fields)]
 pub struct StorageConfig {
     /// sled's page cache, in bytes: the backlog beyond it stays on disk.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub cache_bytes: u64,
     /// The raft log starts a new segment file past this size; a segment is
     /// deleted once its entries are purged and no stored message points into it.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub log_segment_bytes: u64,
     /// Below this much free space on the data dir's filesystem produces are
     /// refused (RESOURCE_EXHAUSTED, reason disk) until space returns; acks
     /// and consumes go on in the room left.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub min_free_bytes: u64,
 }
 
@@ -253,12 +261,15 @@ impl Default for StorageConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest payload of one message, in bytes (1 MiB).
+    #[serde(deserialize_with = "super::units::bytes")]
     pub max_payload_bytes: usize,
     /// Most messages in one produce request.
     pub max_batch_messages: usize,
     /// Largest total of one message's header keys and values, in bytes.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub max_header_bytes: usize,
     /// Largest encoded gRPC request, in bytes; above it tonic answers RESOURCE_EXHAUSTED.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub max_request_bytes: usize,
     /// Most credits a consumer may hold at once, so one consumer cannot pin the whole backlog.
     pub max_credits: u32,
@@ -272,6 +283,7 @@ pub struct Limits {
 #[serde(default, deny_unknown_fields)]
 pub struct DeliveryConfig {
     /// How long a delivery stays leased without an ack before it is redelivered, in ms.
+    #[serde(deserialize_with = "super::units::millis")]
     pub lease_timeout_ms: u64,
 }
 
@@ -282,12 +294,14 @@ pub struct BatchingConfig {
     /// Most operations (produce batches, ack batches) in one entry.
     pub max_entry_ops: usize,
     /// Payload bytes after which an entry is closed (one larger op still goes alone).
+    #[serde(deserialize_with = "super::units::bytes")]
     pub max_entry_bytes: usize,
     /// Entries a shard may have proposed and not yet committed; while they are
     /// in flight the next entry fills up.
     pub proposals_in_flight: usize,
     /// How long a produce or ack waits for its entry to commit before it is
     /// answered UNAVAILABLE (outcome unknown: no majority reachable), in ms.
+    #[serde(deserialize_with = "super::units::millis")]
     pub commit_timeout_ms: u64,
     /// Produce calls one producer may have waiting for an entry on this
     /// node; past it, its calls are refused RESOURCE_EXHAUSTED (others'
@@ -306,19 +320,24 @@ pub struct BatchingConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct RaftConfig {
     /// Leader heartbeat.
+    #[serde(deserialize_with = "super::units::millis")]
     pub heartbeat_ms: u64,
     /// Election timeout lower bound.
+    #[serde(deserialize_with = "super::units::millis")]
     pub election_timeout_min_ms: u64,
     /// Election timeout upper bound.
+    #[serde(deserialize_with = "super::units::millis")]
     pub election_timeout_max_ms: u64,
     /// Entries between two snapshots of a shard.
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind a snapshot.
     pub logs_kept_after_snapshot: u64,
     /// Bytes of a snapshot sent to a lagging replica in one message.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub snapshot_chunk_bytes: u64,
     /// Largest snapshot this node takes from a leader (it is received in
     /// memory); a larger one is refused.
+    #[serde(deserialize_with = "super::units::bytes")]
     pub max_snapshot_bytes: u64,
 }
 

@@ -514,3 +514,39 @@ fn config_print_could_not_say_where_a_setting_came_from() {
         "a secret is never printed"
     );
 }
+
+#[test]
+fn sizes_and_durations_take_human_units_in_the_file_and_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floret.toml");
+    std::fs::write(
+        &path,
+        "[storage]\ncache_bytes = \"32MiB\"\n[raft]\nheartbeat_ms = \"1s\"\nelection_timeout_min_ms = 2000\n",
+    )
+    .unwrap();
+    let config = Config::load_overlaid(
+        Some(&path),
+        |name| (name == "FLORET_LEASE_TIMEOUT_MS").then(|| "30s".to_owned()),
+        [(
+            "FLORET_BACKPRESSURE__HIGH_WATERMARK_BYTES".to_owned(),
+            "2GiB".to_owned(),
+        )],
+    )
+    .unwrap();
+    assert_eq!(config.storage.cache_bytes, 32 << 20);
+    assert_eq!(config.raft.heartbeat_ms, 1_000);
+    assert_eq!(config.raft.election_timeout_min_ms, 2_000);
+    assert_eq!(config.delivery.lease_timeout_ms, 30_000);
+    assert_eq!(config.backpressure.high_watermark_bytes, 2 << 30);
+    let refused = Config::load_overlaid(
+        None,
+        no_env,
+        [("FLORET_STORAGE__CACHE_BYTES".to_owned(), "64MB".to_owned())],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("FLORET_STORAGE__CACHE_BYTES") && refused.contains("MiB"),
+        "{refused}"
+    );
+}
