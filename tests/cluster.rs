@@ -633,6 +633,12 @@ async fn node_with_wiped_data_dir_stays_behind() {
         founded_before_wipe,
         "node 3 founded a shard again after losing its data dir"
     );
+    let log = std::fs::read_to_string(&node_3_log).unwrap();
+    assert!(
+        log.lines().any(|line| line.contains("WARN")
+            && line.contains("rejoining a shard after losing this node's data")),
+        "a node that lost its data dir says so (a new cluster's slow member does not)"
+    );
     let peer = cluster.client(2);
     eventually(
         Duration::from_secs(30),

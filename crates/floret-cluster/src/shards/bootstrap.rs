@@ -169,7 +169,12 @@ impl Shards {
 
     /// The shards whose replica here has a membership or a vote (was
     /// founded, joined, or took part in an election): a group that exists.
+    /// What a peer asks before it founds a shard, so this node remembers
+    /// that one asked: a shard it then finds existing was founded by a
+    /// peer starting a new cluster with it, not kept by a cluster it rejoins.
     pub async fn initialized(&self) -> Result<Vec<ShardId>, ShardsError> {
+        self.asked_which_shards_exist
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut initialized = Vec::new();
         for group in self.groups.values() {
             let exists = group

@@ -85,6 +85,9 @@ pub struct Shards {
     /// Whether the guard was set only because the data dir is new (lifted
     /// for shards no peer has, see [`Shards::bootstrap`]).
     guard_for_new_data_dir: bool,
+    /// Whether a peer has asked which shards exist here (as a peer founding
+    /// a new cluster's shards does).
+    asked_which_shards_exist: std::sync::atomic::AtomicBool,
     /// When each shard last heard from a leader.
     leader_contact: BTreeMap<ShardId, Arc<LeaderContact>>,
 }
@@ -163,6 +166,7 @@ impl Shards {
                 .collect(),
             vote_guard: Mutex::new(vote_guard),
             guard_for_new_data_dir: new_data_dir && !lost_tail,
+            asked_which_shards_exist: std::sync::atomic::AtomicBool::new(false),
             peers,
             groups,
             placement: ShardPlacement::new(shard_count),

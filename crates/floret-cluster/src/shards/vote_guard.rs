@@ -105,10 +105,20 @@ impl Shards {
             undecided.retain(|&shard| {
                 let (exists, all_answered) = self.presence(shard, &answers);
                 if exists {
-                    tracing::warn!(
-                        shard,
-                        "rejoining a shard after losing this node's data: no vote until its leader reaches us"
-                    );
+                    if self
+                        .asked_which_shards_exist
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::info!(
+                            shard,
+                            "a peer founded this new cluster's shard first: no vote until its leader reaches us"
+                        );
+                    } else {
+                        tracing::warn!(
+                            shard,
+                            "rejoining a shard after losing this node's data: no vote until its leader reaches us"
+                        );
+                    }
                     return false;
                 }
                 if all_answered {
