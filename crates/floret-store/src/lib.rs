@@ -21,6 +21,7 @@
     reason = "openraft's storage traits return its StorageError; helpers feeding them return it too"
 )]
 
+mod backlog_totals;
 mod blocking;
 mod change_set;
 mod database;
@@ -44,15 +45,13 @@ mod storage_error;
 mod types;
 pub mod wal;
 
+pub use backlog_totals::{BacklogTotals, GroupTotals, PRODUCER_GROUP_SEPARATOR, producer_group};
 pub use database::{
     DEFAULT_CACHE_BYTES, Database, FORMAT_VERSION, LogHealth, MARKER_FILE, OpenError, StoreOptions,
 };
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;
-pub use reader::{
-    BacklogTotals, GroupTotals, PRODUCER_GROUP_SEPARATOR, ProducerEntry, ShardReader,
-    producer_group,
-};
+pub use reader::{ProducerEntry, ShardReader};
 pub use resting::{LoggedPayload, RestingError};
 pub use snapshot::{CaptureError, SnapshotFile, SnapshotMeta, TreeImage, check_image};
 pub use state_machine::{AppliedEvent, AppliedListener, SnapshotBuilder, StateMachine};
