@@ -11,7 +11,8 @@
 # Environment: FLORET (binary; default target/release/floret, built if
 # missing), FLORET_DEV_DIR (data dirs, logs and pid files; default
 # ./floret-local), FLORET_BASE_PORT (node N's client port is BASE_PORT + N - 1,
-# default 7701; its peer port, which only the other nodes dial, is 100 above).
+# default 7701; its peer port, which only the other nodes dial, is 100 above;
+# its metrics and web console, http://127.0.0.1:<port>/, 2000 above).
 #
 # The nodes serve TLS and mutual TLS with certificates `floret certs` makes
 # in $FLORET_DEV_DIR/certs on the first start; the floret commands trust
@@ -30,12 +31,13 @@ start_node() {
     id=$1
     port=$((base_port + id - 1))
     "$floret" serve --node-id "$id" --listen "127.0.0.1:$port" \
+        --metrics-listen "127.0.0.1:$((port + 2000))" \
         --data-dir "$dir/node-$id" --peers "$peers" \
         --tls-cert "$certs/node-$id.pem" --tls-key "$certs/node-$id.key" \
         --tls-ca "$certs/ca.pem" --gossip-secret-file "$certs/gossip.key" \
         >"$dir/node-$id.out" 2>"$dir/node-$id.log" &
     echo $! >"$dir/node-$id.pid"
-    echo "node $id: pid $!, 127.0.0.1:$port, data $dir/node-$id, log $dir/node-$id.log"
+    echo "node $id: pid $!, 127.0.0.1:$port, console http://127.0.0.1:$((port + 2000))/, data $dir/node-$id, log $dir/node-$id.log"
 }
 
 signal_node() {

@@ -61,7 +61,18 @@ async fn a_metric_was_exported_without_help_or_outside_the_catalog() {
         }
     }
 
-    let exported = scrape(&metrics_address);
+    // The per-queue series come with the sampler's next round.
+    let sampled = "floret_queue_backlog_messages{queue=\"q\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut exported = scrape(&metrics_address);
+    while !exported.contains(sampled) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {sampled} after 20 s:\n{exported}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        exported = scrape(&metrics_address);
+    }
     let typed: Vec<(&str, &str)> = exported
         .lines()
         .filter_map(|line| line.strip_prefix("# TYPE "))
@@ -79,20 +90,43 @@ async fn a_metric_was_exported_without_help_or_outside_the_catalog() {
             "{name} has no help text:\n{exported}"
         );
         if let MetricKind::Histogram(_) = listed.kind {
+            let buckets = format!("{name}_bucket{{");
             assert!(
-                exported.contains(&format!("{name}_bucket{{le=\"")),
+                exported
+                    .lines()
+                    .any(|line| line.starts_with(&buckets) && line.contains("le=\"")),
                 "{name} has no buckets"
             );
         }
+        for line in exported.lines().filter(|line| {
+            line.strip_prefix(*name)
+                .is_some_and(|rest| rest.starts_with('{'))
+        }) {
+            for label in listed.labels {
+                assert!(
+                    line.contains(&format!("{label}=\"")),
+                    "{line} lacks the label {label}"
+                );
+            }
+        }
     }
     for expected in [
-        "floret_produced_messages_total",
-        "floret_deliveries_total",
-        "floret_entry_ops",
-        "floret_store_syncs_total",
+        "floret_produced_messages_total{queue=\"q\"} 2",
+        "floret_deliveries_total{queue=\"q\"} 2",
+        "floret_acked_messages_total{queue=\"q\"} 2",
+        "floret_nacked_messages_total{queue=\"q\"} 0",
+        "floret_queue_backlog_messages{queue=\"q\"} 0",
+        "floret_producer_delivery_share{queue=\"q\",producer=\"a\"} 0.5",
+        "floret_shards_led ",
+        "floret_dwell_seconds_count{queue=\"q\"} 2",
+        "floret_produce_seconds_count 2",
+        "floret_ack_seconds_count ",
+        "floret_apply_seconds_count ",
+        "floret_store_sync_seconds_count ",
+        "floret_entry_ops_count ",
     ] {
         assert!(
-            typed.iter().any(|(name, _)| *name == expected),
+            exported.lines().any(|line| line.starts_with(expected)),
             "{expected} missing after traffic:\n{exported}"
         );
     }

@@ -3,7 +3,9 @@
 //! `bad_input.rs`), and data-dir errors.
 
 mod bad_input;
+mod console;
 mod deploy_files;
+mod grafana_files;
 mod harness;
 mod metrics;
 

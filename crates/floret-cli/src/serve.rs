@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use floret_server::{Config, Node};
 
 /// How long a starting node waits for its shards to have leaders (a node
@@ -54,7 +53,8 @@ pub struct ServeArgs {
     /// gossip.key): gossip datagrams are sealed with it.
     #[arg(long)]
     gossip_secret_file: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address.
+    /// Serve Prometheus metrics (`/metrics`) and the web console (`/`) on
+    /// this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Lease timeout of a delivery before it is redelivered, in ms.
@@ -143,22 +143,6 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
         config.insecure = true;
     }
     config.validate()?;
-    if let Some(metrics_listen) = config.metrics_listen {
-        let mut exporter = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(metrics_listen);
-        for metric in floret_server::metric_catalog::METRICS {
-            if let floret_server::metric_catalog::MetricKind::Histogram(buckets) = metric.kind {
-                exporter = exporter.set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(metric.name.to_owned()),
-                    buckets,
-                )?;
-            }
-        }
-        exporter
-            .install()
-            .with_context(|| format!("cannot serve metrics on {metrics_listen}"))?;
-        floret_server::metric_catalog::describe();
-    }
     let listeners = floret_server::bind_listeners(&config).await?;
     let node_id = config.node_id;
     let node = Node::start(config, listeners).await?;

@@ -177,8 +177,13 @@ impl RaftNetwork<TypeConfig> for PeerLink {
         let Some(stream) = self.peers.append_stream(self.target) else {
             return Err(self.unreachable("not a member".into()));
         };
+        let sent = std::time::Instant::now();
         let answer = match stream.call(self.shard, payload, option.hard_ttl()).await {
-            Ok(answer) => answer,
+            Ok(answer) => {
+                metrics::histogram!("floret_raft_append_seconds")
+                    .record(sent.elapsed().as_secs_f64());
+                answer
+            }
             // A timeout, not Unreachable: openraft backs off from an
             // unreachable node for 500 ms and sends it nothing, heartbeats
             // included, longer than a follower waits before it calls an

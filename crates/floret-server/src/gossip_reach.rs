@@ -135,16 +135,16 @@ pub async fn run(
                     SILENCE_WARNING_AFTER.as_secs()
                 );
                 tracing::warn!(own_gossip_address = %gossip.advertise(), "{text}");
-                metrics::gauge!("floret_gossip_isolated").set(1.0);
                 warning.send_replace(Some(text));
             }
             Some(Silence::Ended) => {
                 tracing::info!("gossip heard again");
-                metrics::gauge!("floret_gossip_isolated").set(0.0);
                 warning.send_replace(None);
             }
             None => {}
         }
+        let isolated = warning.borrow().is_some();
+        metrics::gauge!("floret_gossip_isolated").set(if isolated { 1.0 } else { 0.0 });
     }
 }
 

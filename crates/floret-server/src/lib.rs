@@ -29,6 +29,7 @@
 
 pub mod auth;
 pub mod config;
+mod console;
 #[cfg(test)]
 mod decode_properties;
 pub mod deliver;
@@ -50,6 +51,7 @@ pub mod request;
 pub mod router;
 pub mod service;
 pub mod settle;
+pub mod telemetry;
 pub mod tls;
 
 pub use config::Config;

@@ -1,5 +1,6 @@
-//! Binding a node's two ports before it starts (so port 0 works): the
-//! client port (`listen`) and, for a cluster, the peer port.
+//! Binding a node's ports before it starts (so port 0 works): the client
+//! port (`listen`), for a cluster the peer port, and the metrics and
+//! console port (`metrics_listen`) when set.
 
 use std::net::SocketAddr;
 
@@ -32,7 +33,15 @@ pub async fn bind_listeners(config: &Config) -> Result<Listeners, NodeError> {
         }
         (None, None) => None,
     };
-    Ok(Listeners { client, peer })
+    let operations = match config.metrics_listen {
+        Some(address) => Some(bind("metrics and console", &address.to_string()).await?),
+        None => None,
+    };
+    Ok(Listeners {
+        client,
+        peer,
+        operations,
+    })
 }
 
 async fn bind(port: &'static str, address: &str) -> Result<TcpListener, NodeError> {

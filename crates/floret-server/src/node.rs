@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::auth::Authenticate;
 use crate::config::Config;
+use crate::console::{self, ConsoleParts};
 use crate::deliver::book::Tenancy;
 use crate::deliver::{self, DispatcherHandle};
 use crate::disk_room::DiskRoom;
@@ -52,6 +53,7 @@ use crate::service::floret::FloretService;
 use crate::service::peer::{PeerService, ThisNode};
 use crate::service::server::{Listeners, Server, ServerSetupError, Services};
 use crate::settle::Settler;
+use crate::telemetry::sampler::{self, SampledParts};
 use crate::tls::{NodeTls, TlsFileError};
 
 /// How long shutdown waits for open calls (consume streams never end by
@@ -76,6 +78,9 @@ pub enum NodeError {
     /// Gossip could not start.
     #[error(transparent)]
     Gossip(#[from] floret_cluster::GossipError),
+    /// The metrics recorder could not be installed.
+    #[error("cannot export metrics: {0}")]
+    Metrics(String),
     /// The servers could not be set up.
     #[error(transparent)]
     Server(#[from] ServerSetupError),
@@ -131,13 +136,16 @@ pub struct Node {
     /// Turns health NOT_SERVING on a fault or while shards have no leader.
     health_watcher: JoinHandle<()>,
     watchers: Vec<JoinHandle<()>>,
+    /// The metrics sampler and the metrics and console port, which read
+    /// the store: stopped before it closes.
+    telemetry: Vec<JoinHandle<()>>,
     load_view: Option<LoadView>,
 }
 
 impl Node {
     /// Starts a node serving on `listeners` ([`crate::bind_listeners`]).
     /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
-    pub async fn start(config: Config, listeners: Listeners) -> Result<Self, NodeError> {
+    pub async fn start(config: Config, mut listeners: Listeners) -> Result<Self, NodeError> {
         config.validate()?;
         if !config.peers.is_empty() && listeners.peer.is_none() {
             return Err(crate::config::ConfigError::Invalid(
@@ -231,24 +239,39 @@ impl Node {
         let fault = NodeFault::default();
         let (disk, disk_sampler) = DiskRoom::spawn(&config.data_dir, config.storage.min_free_bytes);
         watchers.push(disk_sampler);
+        let operations = listeners.operations.take();
+        let view = gossip.as_ref().map(|gossip| gossip.view.clone());
         let parts = NodeParts {
             fault: fault.clone(),
             config: &config,
             advertised: config.advertised_address(address),
             shards: &shards,
             proposers: &proposers,
-            dispatcher,
+            dispatcher: dispatcher.clone(),
             gossip,
             disk,
             tenant_limits,
         };
-        let server = Server::start(
-            parts.services(stopped.clone(), authenticate),
-            listeners,
-            tls.as_ref(),
-            stopped,
-        )
-        .await?;
+        let dispatcher_for_metrics = dispatcher;
+        let services = parts.services(stopped.clone(), authenticate.clone());
+        let mut telemetry = Vec::new();
+        if let Some(listener) = operations {
+            let metrics = crate::telemetry::recorder().map_err(NodeError::Metrics)?;
+            telemetry.push(sampler::spawn(SampledParts {
+                shards: shards.clone(),
+                dispatcher: dispatcher_for_metrics,
+                store: database.usage(),
+                view,
+                top_producers: config.metrics_top_producers,
+            }));
+            let console = ConsoleParts {
+                metrics,
+                admin: services.admin.clone(),
+                authenticate,
+            };
+            telemetry.push(console::spawn(listener, console, stopped.clone()));
+        }
+        let server = Server::start(services, listeners, tls.as_ref(), stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
         let (ready, is_ready) = watch::channel(false);
         let health_watcher = faults::spawn(
@@ -270,6 +293,7 @@ impl Node {
             ready,
             health_watcher,
             watchers,
+            telemetry,
             load_view,
         })
     }
@@ -334,6 +358,10 @@ impl Node {
         self.shards.shutdown().await;
         for watcher in &self.watchers {
             watcher.abort();
+        }
+        for task in self.telemetry {
+            task.abort();
+            let _stopped = task.await;
         }
         if let Err(error) = self.database.sync().await {
             tracing::error!(%error, "final sync failed");

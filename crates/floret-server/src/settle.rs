@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use floret_cluster::Shards;
 use floret_proto::peer::v1::PeerSettleRequest;
@@ -125,7 +126,11 @@ impl Settler {
             .into_iter()
             .map(|id| id.parse::<DeliveryTicket>().map_err(|_| id))
             .collect();
+        let received = Instant::now();
         let mut outcomes = self.dispatcher.settle(kind, parsed, by.clone()).await?;
+        if kind == SettleKind::Nack {
+            count_nacks(&outcomes);
+        }
         let mut removals: BTreeMap<ShardId, (Vec<_>, Vec<usize>)> = BTreeMap::new();
         let mut acked: Vec<Option<DeliveryId>> = vec![None; outcomes.len()];
         for (index, outcome) in outcomes.iter_mut().enumerate() {
@@ -173,7 +178,13 @@ impl Settler {
         let mut removed = Vec::new();
         for (indexes, result) in committed {
             match result {
-                Ok(()) => removed.extend(indexes.into_iter().filter_map(|i| acked[i].take())),
+                Ok(()) => {
+                    if kind == SettleKind::Ack {
+                        metrics::histogram!("floret_ack_seconds")
+                            .record(received.elapsed().as_secs_f64());
+                    }
+                    removed.extend(indexes.into_iter().filter_map(|i| acked[i].take()));
+                }
                 Err(error) => {
                     for index in indexes {
                         outcomes[index].code = SettleCode::Unavailable;
@@ -182,6 +193,15 @@ impl Settler {
                         );
                     }
                 }
+            }
+        }
+        if kind == SettleKind::DeadLetter {
+            for id in &removed {
+                crate::telemetry::count_for_queue(
+                    "floret_dead_lettered_messages_total",
+                    &id.queue,
+                    1,
+                );
             }
         }
         if !removed.is_empty() {
@@ -221,6 +241,15 @@ impl Settler {
                 .collect(),
             Ok(_) => unreachable_outcomes(ids, node, "answered with the wrong number of outcomes"),
             Err(error) => unreachable_outcomes(ids, node, error.why()),
+        }
+    }
+}
+
+/// Counts the nacks the dispatcher took, per queue.
+fn count_nacks(outcomes: &[SettleOutcome]) {
+    for outcome in outcomes.iter().filter(|o| o.code == SettleCode::Ok) {
+        if let Ok(ticket) = outcome.delivery_id.parse::<DeliveryTicket>() {
+            crate::telemetry::count_for_queue("floret_nacked_messages_total", &ticket.id.queue, 1);
         }
     }
 }

@@ -55,8 +55,12 @@ pub struct Config {
     pub peers: Vec<PeerConfig>,
     /// Replicas of each shard (every node when the cluster is smaller).
     pub replication_factor: usize,
-    /// Prometheus metrics listen address; none when absent.
+    /// The operations HTTP port: Prometheus metrics at `/metrics` and the
+    /// web console at `/`; none when absent.
     pub metrics_listen: Option<SocketAddr>,
+    /// Producers per queue with their own metric series (the largest
+    /// backlogs); the rest are summed in one `producer="other"` series.
+    pub metrics_top_producers: usize,
     /// TLS on the client port and mutual TLS on the peer port.
     pub tls: TlsSettings,
     /// Bearer tokens on the client port.
@@ -105,6 +109,7 @@ impl Default for Config {
             peers: Vec::new(),
             replication_factor: 3,
             metrics_listen: None,
+            metrics_top_producers: 10,
             tls: TlsSettings::default(),
             auth: AuthSettings::default(),
             insecure: false,
@@ -344,6 +349,9 @@ impl Config {
         }
         if let Some(metrics_listen) = parse(&env, "FLORET_METRICS_LISTEN")? {
             self.metrics_listen = Some(metrics_listen);
+        }
+        if let Some(top_producers) = parse(&env, "FLORET_METRICS_TOP_PRODUCERS")? {
+            self.metrics_top_producers = top_producers;
         }
         if let Some(cert) = parse::<PathBuf>(&env, "FLORET_TLS_CERT")? {
             self.tls.cert = Some(cert);

@@ -4,6 +4,8 @@
 //! proposes the discards the book decided, and counts metrics. Every
 //! decision is the book's.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use floret_sched::SchedulerConfig;
@@ -47,6 +49,7 @@ pub(crate) fn spawn(
     let dispatcher = Dispatcher {
         book: DispatchBook::new(ShardReaders(readers), scheduler_config, max_credits)
             .with_tenancy(tenancy),
+        dwell_histograms: HashMap::new(),
         proposers,
         handle,
     };
@@ -55,6 +58,8 @@ pub(crate) fn spawn(
 
 struct Dispatcher {
     book: Book,
+    /// Each queue's histogram of waits to a first delivery.
+    dwell_histograms: HashMap<Arc<str>, metrics::Histogram>,
     /// Proposers of the shards this node holds, to discard messages.
     proposers: Proposers,
     /// This task's own handle, for what its spawned proposals report.
@@ -140,8 +145,9 @@ impl Dispatcher {
     /// Counts what the book did and proposes the discards it decided.
     fn carry_out_outbox(&mut self) {
         let outbox = self.book.take_outbox();
-        if outbox.deliveries > 0 {
-            metrics::counter!("floret_deliveries_total").increment(outbox.deliveries);
+        for (queue, dwell_ms) in outbox.first_deliveries {
+            self.dwell_histogram(queue)
+                .record(dwell_ms as f64 / 1_000.0);
         }
         if outbox.lease_expiries > 0 {
             metrics::counter!("floret_lease_expiries_total").increment(outbox.lease_expiries);
@@ -149,6 +155,13 @@ impl Dispatcher {
         for discard in outbox.discards {
             self.discard(discard);
         }
+    }
+
+    /// `queue`'s histogram of waits to a first delivery, registered once.
+    fn dwell_histogram(&mut self, queue: Arc<str>) -> &metrics::Histogram {
+        self.dwell_histograms.entry(queue).or_insert_with_key(
+            |queue| metrics::histogram!("floret_dwell_seconds", "queue" => queue.to_string()),
+        )
     }
 
     /// Commits the discard of messages whose leases the book holds; the
@@ -163,7 +176,13 @@ impl Dispatcher {
         let Some(proposer) = self.proposers.get(shard).cloned() else {
             return;
         };
-        metrics::counter!("floret_discarded_total").increment(messages.len() as u64);
+        for discarded in &messages {
+            let queue = &discarded.message.queue;
+            crate::telemetry::count_for_queue("floret_discarded_total", queue, 1);
+            if discarded.dead_letter {
+                crate::telemetry::count_for_queue("floret_dead_lettered_messages_total", queue, 1);
+            }
+        }
         let handle = self.handle.clone();
         tokio::spawn(async move {
             let op = Op::Discard(Discard {

@@ -128,7 +128,7 @@ impl Backpressure {
         };
         let verdict = admission::admit_on_full_node(&self.config, room, claimant);
         if verdict.is_err() {
-            metrics::counter!("floret_produce_backpressured_total").increment(1);
+            crate::telemetry::count_for_queue("floret_produce_backpressured_total", queue, 1);
         }
         verdict
     }

@@ -48,6 +48,7 @@ use crate::config::Limits;
 use crate::error::RequestError;
 use crate::policy;
 use crate::router::{Route, ShardRouter};
+use crate::telemetry;
 use backpressure::Backpressure;
 use rate::RateLimiter;
 use tenant_limits::TenantLimits;
@@ -144,12 +145,21 @@ impl ProducePipeline {
             Err(error) => return Err(error),
         };
         self.admit(&batch)?;
+        let admitted = Instant::now();
         let count = batch.messages.len();
+        let queue = batch.queue.clone();
         let producer = batch.producer.clone();
         let producer_sequence = batch.producer_sequence;
         let reply = proposer.propose(batch.into_op(now_ms)).await?;
-        metrics::counter!("floret_produced_messages_total").increment(count as u64);
-        self.answer(reply, &producer, producer_sequence, count)
+        metrics::histogram!("floret_produce_seconds").record(admitted.elapsed().as_secs_f64());
+        if matches!(reply, OpReply::OverLimit { .. }) {
+            telemetry::count_for_queue("floret_produce_rejected_total", &queue, 1);
+        }
+        let answer = self.answer(reply, &producer, producer_sequence, count)?;
+        if !answer.duplicate {
+            telemetry::count_for_queue("floret_produced_messages_total", &queue, count as u64);
+        }
+        Ok(answer)
     }
 
     /// Node backpressure, the tenant's limits and the producer's rate, on
@@ -194,7 +204,7 @@ impl ProducePipeline {
                 .rates
                 .take(queue, producer, rate, messages, Instant::now());
             if let Err(wait) = taken {
-                metrics::counter!("floret_produce_throttled_total").increment(1);
+                telemetry::count_for_queue("floret_produce_throttled_total", queue, 1);
                 return Err(admission::over_rate(producer, rate, wait));
             }
         }
@@ -229,7 +239,6 @@ impl ProducePipeline {
                 batch_bytes,
                 policy,
             } => {
-                metrics::counter!("floret_produce_rejected_total").increment(1);
                 let held = (messages, bytes);
                 Err(admission::over_limit(
                     producer,

@@ -230,7 +230,7 @@ impl TenantLimits {
                 f64::from(rate) / nodes as f64,
             )
             .map_err(|wait| {
-                metrics::counter!("floret_produce_throttled_total").increment(1);
+                crate::telemetry::count_for_queue("floret_produce_throttled_total", queue, 1);
                 RequestError::Exhausted {
                     message: format!(
                         "tenant {tenant:?} is over its produce_rate of {rate} messages/s over all its producers (this node's part: {part}/s); nothing was stored, retry later"

@@ -86,6 +86,8 @@ pub struct Listeners {
     pub client: TcpListener,
     /// The peer port; none for a one-node cluster given no `peer_listen`.
     pub peer: Option<TcpListener>,
+    /// The metrics and console port (`metrics_listen`), if set.
+    pub operations: Option<TcpListener>,
 }
 
 /// The running servers.

@@ -119,6 +119,33 @@ impl LogHealth {
     }
 }
 
+/// Measures what a node's store takes on disk, from any task.
+#[derive(Clone)]
+pub struct StoreUsage {
+    db: sled::Db,
+    wal: Arc<Wal>,
+}
+
+/// What a node's store takes on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Bytes of the state machines (sled) and the raft log.
+    pub bytes: u64,
+    /// Segment files of the raft log.
+    pub log_segments: u64,
+}
+
+impl StoreUsage {
+    /// Reads the sizes now (a few `stat` calls).
+    pub fn measure(&self) -> DiskUsage {
+        let (log_segments, log_bytes) = self.wal.segments_on_disk();
+        DiskUsage {
+            bytes: self.db.size_on_disk().unwrap_or(0) + log_bytes,
+            log_segments,
+        }
+    }
+}
+
 /// A node's open data dir: the raft log, the sled database and the flusher.
 pub struct Database {
     db: sled::Db,
@@ -361,6 +388,14 @@ impl Database {
             && thread.join().is_err()
         {
             tracing::error!("the purger thread panicked");
+        }
+    }
+
+    /// A handle measuring what the store takes on disk.
+    pub fn usage(&self) -> StoreUsage {
+        StoreUsage {
+            db: self.db.clone(),
+            wal: self.wal.clone(),
         }
     }
 

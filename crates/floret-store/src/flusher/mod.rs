@@ -117,7 +117,10 @@ fn run_flusher(target: impl SyncTarget, pending: mpsc::Receiver<FlushRequest>) {
             }
         }
         pacer.syncing(Instant::now(), target.bytes_written());
+        let sync_started = Instant::now();
         let result = target.sync();
+        metrics::histogram!("floret_store_sync_seconds")
+            .record(sync_started.elapsed().as_secs_f64());
         pacer.synced(target.bytes_written());
         metrics::counter!("floret_store_syncs_total").increment(1);
         metrics::histogram!("floret_store_sync_waiters").record(batch.len() as f64);

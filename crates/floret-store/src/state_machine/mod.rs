@@ -171,6 +171,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        let started = std::time::Instant::now();
         let mut applied = self.reader.applied_state()?;
         let mut pending = PendingApply::new(self.shard, &self.reader);
         let mut replies = Vec::new();
@@ -214,6 +215,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for event in events {
             self.emit(event);
         }
+        metrics::histogram!("floret_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(replies)
     }
 

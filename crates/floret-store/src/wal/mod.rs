@@ -396,6 +396,21 @@ impl Wal {
         self.lock().written_since_open
     }
 
+    /// The segments this log keeps, and the bytes they take on disk.
+    pub fn segments_on_disk(&self) -> (u64, u64) {
+        let (sealed, active_len) = {
+            let state = self.lock();
+            let sealed: Vec<Arc<File>> = state.sealed.values().cloned().collect();
+            (sealed, state.active.len)
+        };
+        let sealed_bytes: u64 = sealed
+            .iter()
+            .filter_map(|file| file.metadata().ok())
+            .map(|metadata| metadata.len())
+            .sum();
+        (sealed.len() as u64 + 1, sealed_bytes + active_len)
+    }
+
     /// Bytes cut off the end of the log as a torn write when it was opened.
     /// A torn write is normally data that was never synced, but the same
     /// shape is left by a disk that lost synced data, so a node that cut

@@ -89,8 +89,9 @@ pub struct ShardDiscard {
 pub struct Outbox {
     /// Discards to propose.
     pub discards: Vec<ShardDiscard>,
-    /// Deliveries handed to consumers.
-    pub deliveries: u64,
+    /// First deliveries handed to consumers: their queue, and how long
+    /// each message waited from its commit, ms.
+    pub first_deliveries: Vec<(Arc<str>, u64)>,
     /// Leases that lapsed.
     pub lease_expiries: u64,
 }

@@ -190,7 +190,11 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             },
         );
         queue.consumers.rotate_left(1);
-        self.outbox.deliveries += 1;
+        if let Some(dwell_ms) = dwell_ms {
+            self.outbox
+                .first_deliveries
+                .push((queue_name.clone(), dwell_ms));
+        }
         Picked::Delivered
     }
 }

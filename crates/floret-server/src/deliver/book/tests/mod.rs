@@ -195,6 +195,8 @@ pub(super) struct Harness {
     pub elapsed: Duration,
     /// Discards the book decided and the test has not committed yet.
     pub pending_discards: Vec<ShardDiscard>,
+    /// First deliveries the book reported: queue, and wait from commit in ms.
+    pub first_deliveries: Vec<(String, u64)>,
     /// The random part of each delivery id handed out.
     issued: IssuedNonces,
     /// Stream keys given to consumers so far.
@@ -217,6 +219,7 @@ impl Harness {
             start: Instant::now(),
             elapsed: Duration::ZERO,
             pending_discards: Vec::new(),
+            first_deliveries: Vec::new(),
             issued: IssuedNonces::default(),
             streams: 0,
         }
@@ -473,5 +476,11 @@ impl Harness {
         self.book.report_backlogs(now);
         let outbox = self.book.take_outbox();
         self.pending_discards.extend(outbox.discards);
+        self.first_deliveries.extend(
+            outbox
+                .first_deliveries
+                .into_iter()
+                .map(|(queue, dwell_ms)| (queue.to_string(), dwell_ms)),
+        );
     }
 }

@@ -145,14 +145,14 @@ fn a_backlog_expired_in_an_outage_is_discarded_in_bounded_steps() {
 }
 
 #[test]
-fn outbox_counts_deliveries_and_lapsed_leases() {
+fn outbox_counts_first_deliveries_and_lapsed_leases() {
     let mut harness = led_harness();
     harness.produce(0, "q", "a", 3, None);
     harness.subscribe("q", 3);
     harness.take_deliveries();
     let outbox = harness.book.take_outbox();
     assert_eq!(
-        (outbox.deliveries, outbox.lease_expiries),
+        (outbox.first_deliveries.len(), outbox.lease_expiries),
         (0, 0),
         "taken by the harness"
     );
@@ -164,7 +164,10 @@ fn outbox_counts_deliveries_and_lapsed_leases() {
     harness.book.tick(later);
     let outbox = harness.book.take_outbox();
     assert_eq!(outbox.lease_expiries, 3);
-    assert_eq!(outbox.deliveries, 0, "the consumer has no credit left");
+    assert!(
+        harness.take_deliveries().is_empty(),
+        "the consumer has no credit left"
+    );
 }
 
 #[test]
@@ -355,4 +358,30 @@ fn a_tenant_policy_weighs_the_tenant_not_a_producer() {
     harness.subscribe("q", 40);
     let order = tenant_letters(&harness.take_deliveries());
     assert_eq!(order.matches('a').count(), 30, "{order}");
+}
+
+#[test]
+fn a_redelivery_was_counted_as_a_wait_to_first_delivery() {
+    let mut harness = led_harness();
+    harness.produce(0, "q", "a", 2, None);
+    harness.advance(Duration::from_millis(300));
+    harness.subscribe("q", 2);
+    harness.take_deliveries();
+    assert_eq!(
+        harness.first_deliveries,
+        [("q".to_owned(), 300), ("q".to_owned(), 300)],
+        "each first delivery with its wait since commit"
+    );
+    let now = harness.now();
+    harness.book.tick(super::Now {
+        instant: now.instant + LEASE_TIMEOUT,
+        unix_ms: now.unix_ms + LEASE_TIMEOUT.as_millis() as u64,
+    });
+    harness.subscribe("q", 2);
+    assert_eq!(harness.take_deliveries().len(), 2, "delivered again");
+    assert_eq!(
+        harness.first_deliveries.len(),
+        2,
+        "redeliveries after lapsed leases are not first deliveries"
+    );
 }
