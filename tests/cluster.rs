@@ -12,6 +12,7 @@ mod gossip_blocked;
 mod harness;
 mod health;
 mod peer_port;
+mod rolling_restart;
 mod tenants;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

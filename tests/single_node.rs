@@ -506,6 +506,11 @@ async fn node_whose_log_failed_to_sync_stays_serving() {
     )
     .wait_ready();
     let client = node.client();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut refused = None;
     for counter in 0..1_000u64 {
         let message = Message {
@@ -522,12 +527,8 @@ async fn node_whose_log_failed_to_sync_stays_serving() {
         "every produce was acknowledged after the log's sync failed"
     );
 
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    eventually(Duration::from_secs(10), "health turns NOT_SERVING", || {
+    // Within a second of the refusal: faults are checked every 500 ms.
+    eventually(Duration::from_secs(1), "health turns NOT_SERVING", || {
         let mut health = HealthClient::new(channel.clone());
         async move {
             let answer = health

@@ -7,16 +7,18 @@
 //! raft calls) and starts giving leaderships back to preferred replicas;
 //! and takes it all down again.
 //!
-//! Shutdown order: health goes NOT_SERVING, the gRPC server stops taking
-//! calls and drains, the raft groups stop, then the database is synced and
-//! its flusher joined.
+//! Shutdown order (a drain, bounded by `shutdown.drain_timeout_ms`):
+//! health goes NOT_SERVING, the node stops asking for leaderships back and
+//! hands every shard it leads to a caught-up replica (`leadership/drain.rs`)
+//! while it still serves calls (forwarding them to the new leaders); then
+//! the gRPC server stops taking calls, consume streams end UNAVAILABLE so
+//! their clients move to another node, open calls finish; the raft groups
+//! stop, then the database is synced and its flusher joined.
 //!
-//! Health turns SERVING once every shard this node holds has a leader, and
-//! NOT_SERVING for good on a fatal store or raft error (`faults.rs`).
-//!
-//! IMPLEMENTATION CAVEATS
-//! - Health does not turn back to NOT_SERVING when a shard only loses its
-//!   leader for a while.
+//! Health turns SERVING once every shard this node holds has a leader;
+//! NOT_SERVING for good on a fatal store or raft error, and while a shard
+//! has had no leader for a while (`faults.rs`); and NOT_SERVING once it
+//! begins to stop.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,8 +41,8 @@ use crate::disk_room::DiskRoom;
 use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
-use crate::leadership::rebalance;
 use crate::leadership::watch::watch_leadership;
+use crate::leadership::{drain, rebalance};
 use crate::load_view::{GossipStatus, LoadView};
 use crate::produce::ProducePipeline;
 use crate::produce::backpressure::Backpressure;
@@ -56,9 +58,9 @@ use crate::settle::Settler;
 use crate::telemetry::sampler::{self, SampledParts};
 use crate::tls::{NodeTls, TlsFileError};
 
-/// How long shutdown waits for open calls (consume streams never end by
-/// themselves) before closing them; their leases come back on restart.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least time a stop gives open calls to finish, however long the
+/// hand-off of leaderships took.
+const MIN_CALL_DRAIN: Duration = Duration::from_secs(1);
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +138,12 @@ pub struct Node {
     /// Turns health NOT_SERVING on a fault or while shards have no leader.
     health_watcher: JoinHandle<()>,
     watchers: Vec<JoinHandle<()>>,
+    /// Asks for leaderships back (with peers); stopped first when draining.
+    rebalancer: Option<JoinHandle<()>>,
+    /// Steps aside from the shards it leads when it stops.
+    hand_back: HandBack,
+    /// The most a stop takes (`shutdown.drain_timeout_ms`).
+    drain_timeout: Duration,
     /// The metrics sampler and the metrics and console port, which read
     /// the store: stopped before it closes.
     telemetry: Vec<JoinHandle<()>>,
@@ -252,14 +260,14 @@ impl Node {
             disk,
             tenant_limits,
         };
-        let dispatcher_for_metrics = dispatcher;
+        let hand_back = HandBack::new(shards.clone(), proposers.clone(), dispatcher.clone());
         let services = parts.services(stopped.clone(), authenticate.clone());
         let mut telemetry = Vec::new();
         if let Some(listener) = operations {
             let metrics = crate::telemetry::recorder().map_err(NodeError::Metrics)?;
             telemetry.push(sampler::spawn(SampledParts {
                 shards: shards.clone(),
-                dispatcher: dispatcher_for_metrics,
+                dispatcher,
                 store: database.usage(),
                 view,
                 top_producers: config.metrics_top_producers,
@@ -273,6 +281,7 @@ impl Node {
         }
         let server = Server::start(services, listeners, tls.as_ref(), stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
+        let rebalancer = has_peers(&shards).then(|| rebalance::spawn(shards.clone()));
         let (ready, is_ready) = watch::channel(false);
         let health_watcher = faults::spawn(
             database.log_health(),
@@ -293,6 +302,9 @@ impl Node {
             ready,
             health_watcher,
             watchers,
+            rebalancer,
+            hand_back,
+            drain_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
             telemetry,
             load_view,
         })
@@ -324,7 +336,7 @@ impl Node {
 
     /// Whether the node is one of several.
     pub fn has_peers(&self) -> bool {
-        self.shards.peers().others().next().is_some()
+        has_peers(&self.shards)
     }
 
     /// The client port's address.
@@ -347,11 +359,28 @@ impl Node {
     }
 
     async fn stop(self) {
-        self.stopping.send_replace(true);
+        let began = tokio::time::Instant::now();
         self.health_watcher.abort();
         let _stopped = self.health_watcher.await;
         self.server.report_not_serving().await;
-        self.server.drain(DRAIN_TIMEOUT).await;
+        if let Some(rebalancer) = self.rebalancer {
+            rebalancer.abort();
+            let _stopped = rebalancer.await;
+        }
+        if has_peers(&self.shards) && self.fault.reason().is_none() {
+            let hand_off =
+                drain::hand_off_leaderships(&self.shards, &self.hand_back, self.drain_timeout / 2)
+                    .await;
+            tracing::info!(
+                led = hand_off.led,
+                still_led = hand_off.still_led,
+                took_ms = began.elapsed().as_millis() as u64,
+                "leaderships handed off"
+            );
+        }
+        self.stopping.send_replace(true);
+        let left = self.drain_timeout.saturating_sub(began.elapsed());
+        self.server.drain(left.max(MIN_CALL_DRAIN)).await;
         if let Some(load_view) = self.load_view {
             load_view.stop().await;
         }
@@ -372,6 +401,11 @@ impl Node {
     }
 }
 
+/// Whether the node is one of several.
+fn has_peers(shards: &Shards) -> bool {
+    shards.peers().others().next().is_some()
+}
+
 /// Starts the proposer of every shard this node holds.
 fn spawn_proposers(shards: &Shards, config: &Config) -> Proposers {
     Proposers::new(
@@ -386,8 +420,7 @@ fn spawn_proposers(shards: &Shards, config: &Config) -> Proposers {
     )
 }
 
-/// Bootstrapping the shards, giving leaderships back to preferred replicas
-/// (with peers), and forgetting idle producers.
+/// Bootstrapping the shards and forgetting idle producers.
 fn background_tasks(
     shards: &Arc<Shards>,
     proposers: Proposers,
@@ -399,9 +432,6 @@ fn background_tasks(
             tracing::error!(%error, "cannot bootstrap the shards");
         }
     })];
-    if shards.peers().others().next().is_some() {
-        tasks.push(rebalance::spawn(shards.clone()));
-    }
     tasks.push(idle::spawn(
         shards.clone(),
         proposers,
@@ -470,7 +500,7 @@ impl NodeParts<'_> {
             config.auth.enabled(),
         ));
         Services {
-            floret: FloretService::new(produce.clone(), consumers.clone()),
+            floret: FloretService::new(produce.clone(), consumers.clone(), stopped.clone()),
             admin: admin.clone(),
             peer: PeerService::new(
                 shards.clone(),

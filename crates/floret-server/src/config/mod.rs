@@ -87,6 +87,8 @@ pub struct Config {
     pub backpressure: BackpressureConfig,
     /// Producers' durable state.
     pub producers: ProducersConfig,
+    /// Stopping.
+    pub shutdown: ShutdownConfig,
 }
 
 /// Shards of a cluster whose configuration names none: two per node of a
@@ -122,6 +124,7 @@ impl Default for Config {
             fairness: FairnessConfig::default(),
             backpressure: BackpressureConfig::default(),
             producers: ProducersConfig::default(),
+            shutdown: ShutdownConfig::default(),
         }
     }
 }

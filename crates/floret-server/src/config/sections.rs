@@ -196,6 +196,26 @@ impl Default for ProducersConfig {
     }
 }
 
+/// How a node stops (SIGTERM, or the end of `serve_until`'s future).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// The most a stop takes: handing the shards it leads to other
+    /// replicas, then letting open calls finish; what is still open after
+    /// it is closed. Keep it under the supervisor's grace period
+    /// (Kubernetes' terminationGracePeriodSeconds, systemd's TimeoutStopSec).
+    #[serde(deserialize_with = "super::units::millis")]
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout_ms: 20_000,
+        }
+    }
+}
+
 /// One member of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

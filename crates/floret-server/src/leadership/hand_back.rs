@@ -67,15 +67,45 @@ impl HandBack {
     /// Steps aside in `shard` for `requester` if it may take over, or says
     /// why not.
     pub async fn grant(&self, shard: ShardId, requester: NodeId) -> Result<SteppedAside, String> {
-        let me = self.shards.node_id();
-        let Some(group) = self.shards.group(shard) else {
-            return Err(format!("node {me} holds no replica of shard {shard}"));
-        };
         if self.shards.replicas().preferred_leader(shard) != requester {
             return Err(format!(
                 "node {requester} is not the preferred replica of shard {shard}"
             ));
         }
+        self.step_aside(shard, requester).await
+    }
+
+    /// The replica of `shard` (not this node) holding the most of this
+    /// leader's log, the preferred one among equals; none when this node
+    /// does not lead it or it has no other replica.
+    pub fn most_caught_up_replica(&self, shard: ShardId) -> Option<NodeId> {
+        let me = self.shards.node_id();
+        let group = self.shards.group(shard)?;
+        let metrics = group.raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(me) {
+            return None;
+        }
+        let preferred = self.shards.replicas().preferred_leader(shard);
+        metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|&replica| replica != me)
+            .max_by_key(|&replica| (matched_by(&metrics, replica), replica == preferred))
+    }
+
+    /// Steps aside in `shard` for `requester` (the preferred replica that
+    /// asked, or the successor of a leader about to stop) if this node
+    /// leads it and the requester is caught up, or says why not.
+    pub async fn step_aside(
+        &self,
+        shard: ShardId,
+        requester: NodeId,
+    ) -> Result<SteppedAside, String> {
+        let me = self.shards.node_id();
+        let Some(group) = self.shards.group(shard) else {
+            return Err(format!("node {me} holds no replica of shard {shard}"));
+        };
         let metrics = group.raft.metrics().borrow().clone();
         if metrics.current_leader != Some(me) {
             return Err(format!("node {me} does not lead shard {shard}"));
@@ -110,7 +140,7 @@ impl HandBack {
         tracing::info!(
             shard,
             to = requester,
-            "handing the shard's leadership back to its preferred replica"
+            "stepping aside: handing the shard's leadership to a caught-up replica"
         );
         let (answer, answered) = oneshot::channel();
         let dispatcher = self.dispatcher.clone();

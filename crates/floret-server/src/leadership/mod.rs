@@ -7,10 +7,13 @@
 //!   dispatching, turns heartbeats off until the replica has taken over).
 //! - `rebalance.rs`: a node asks the leaders of the shards it is the
 //!   preferred replica of to hand them back.
+//! - `drain.rs`: a node about to stop hands every shard it leads to a
+//!   caught-up replica (the same stepping aside, pushed instead of asked).
 //!
 //! Raft itself (elections, terms, votes) is openraft's, in floret-cluster;
 //! the vote guard of a node that may have forgotten a vote is there too.
 
+pub mod drain;
 pub mod hand_back;
 pub mod rebalance;
 pub mod watch;

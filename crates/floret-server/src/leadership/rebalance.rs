@@ -86,31 +86,13 @@ async fn take_back(shards: &Shards, shard: ShardId, leader: NodeId) {
         tracing::debug!(shard, leader, reason = answer.reason, "hand-back refused");
         return;
     }
-    let Some(group) = shards.group(shard) else {
-        return;
-    };
-    let mut metrics = group.raft.metrics();
-    let elect_within = Duration::from_millis(answer.wait_ms);
-    if answer.leader_last_log_index == 0 {
-        tokio::time::sleep(elect_within).await;
-    } else {
-        let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
-            m.last_log_index.unwrap_or(0) >= answer.leader_last_log_index
-        };
-        let _elect_anyway = tokio::time::timeout(elect_within, metrics.wait_for(caught_up)).await;
-    }
-    if group.raft.trigger().elect().await.is_err() {
-        return;
-    }
-    let settled = tokio::time::timeout(
-        ELECTION_DEADLINE,
-        metrics.wait_for(|m| m.current_leader.is_some()),
+    let new_leader = elect_once_caught_up(
+        shards,
+        shard,
+        answer.leader_last_log_index,
+        Duration::from_millis(answer.wait_ms),
     )
     .await;
-    let new_leader = match settled {
-        Ok(Ok(metrics)) => metrics.current_leader,
-        _ => None,
-    };
     if new_leader == Some(node_id) {
         tracing::info!(
             shard,
@@ -123,5 +105,38 @@ async fn take_back(shards: &Shards, shard: ShardId, leader: NodeId) {
             ?new_leader,
             "did not win the hand-back election; will ask again"
         );
+    }
+}
+
+/// Calls an election in `shard` once this node's log holds the stepping-
+/// aside leader's `leader_last_log_index` (0: not known), or after
+/// `elect_within` at the latest; the shard's leader once it settles, none
+/// if it did not within [`ELECTION_DEADLINE`].
+pub(crate) async fn elect_once_caught_up(
+    shards: &Shards,
+    shard: ShardId,
+    leader_last_log_index: u64,
+    elect_within: Duration,
+) -> Option<NodeId> {
+    let group = shards.group(shard)?;
+    let mut metrics = group.raft.metrics();
+    if leader_last_log_index == 0 {
+        tokio::time::sleep(elect_within).await;
+    } else {
+        let caught_up = |m: &RaftMetrics<NodeId, BasicNode>| {
+            m.last_log_index.unwrap_or(0) >= leader_last_log_index
+        };
+        let _elect_anyway = tokio::time::timeout(elect_within, metrics.wait_for(caught_up)).await;
+    }
+    let term_before = metrics.borrow().current_term;
+    group.raft.trigger().elect().await.ok()?;
+    let settled = tokio::time::timeout(
+        ELECTION_DEADLINE,
+        metrics.wait_for(|m| m.current_term > term_before && m.current_leader.is_some()),
+    )
+    .await;
+    match settled {
+        Ok(Ok(metrics)) => metrics.current_leader,
+        _ => None,
     }
 }

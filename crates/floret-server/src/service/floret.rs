@@ -14,6 +14,7 @@ use std::sync::Arc;
 use floret_proto::v1::{self, consume_request};
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, fan_in, now_unix_ms};
@@ -43,12 +44,22 @@ const OUTCOMES_PER_REPLY: usize = 1_024;
 pub struct FloretService {
     produce: Arc<ProducePipeline>,
     sources: fan_in::Sources,
+    /// Turns true when the node begins to stop: consume streams end then.
+    stopping: watch::Receiver<bool>,
 }
 
 impl FloretService {
     /// A service over the node's produce path and consumer sources.
-    pub fn new(produce: Arc<ProducePipeline>, sources: fan_in::Sources) -> Self {
-        Self { produce, sources }
+    pub fn new(
+        produce: Arc<ProducePipeline>,
+        sources: fan_in::Sources,
+        stopping: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            produce,
+            sources,
+            stopping,
+        }
     }
 }
 
@@ -173,6 +184,7 @@ impl v1::floret_server::Floret for FloretService {
             outbound,
         )
         .await?;
+        let responses = ending_when_stopping(responses, self.stopping.clone());
         match caller.expires_unix_s() {
             Some(expires_unix_s) => Ok(Response::new(ending_at_expiry(responses, expires_unix_s))),
             None => Ok(Response::new(responses)),
@@ -277,6 +289,34 @@ impl AdmitError {
 
 /// `responses`, ended with UNAUTHENTICATED once the token that opened the
 /// stream expires (`expires_unix_s`): a stream does not outlive its token.
+/// `responses` until the node begins to stop, then UNAVAILABLE: the
+/// client subscribes through another node (its unsettled deliveries come
+/// back when their leases lapse).
+fn ending_when_stopping(
+    responses: ConsumeStream,
+    mut stopping: watch::Receiver<bool>,
+) -> ConsumeStream {
+    let stopped_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = {
+        let stopped_flag = stopped_flag.clone();
+        async move {
+            let _node_gone = stopping.wait_for(|stopping| *stopping).await;
+            stopped_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let refusal = futures::stream::once(async move {
+        stopped_flag
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| {
+                Err(Status::unavailable(
+                    "this node is stopping: subscribe through another node",
+                ))
+            })
+    })
+    .filter_map(std::future::ready);
+    Box::pin(responses.take_until(stopped).chain(refusal))
+}
+
 fn ending_at_expiry(responses: ConsumeStream, expires_unix_s: u64) -> ConsumeStream {
     let now_ms = u64::try_from(now_unix_ms()).unwrap_or(0);
     let left_ms = expires_unix_s

@@ -20,6 +20,7 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use floret_cluster::{Shards, batched, decode, encode};
 use floret_proto::peer::v1::{self, peer_server::Peer};
@@ -45,6 +46,10 @@ use crate::request::InvalidRequest;
 use raft::{answer_bytes, append, may_block, raft_of, undecodable};
 
 mod raft;
+
+/// The longest a node waits to catch up before it calls the election a
+/// stopping leader handed it.
+const MAX_TAKE_OVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves the other nodes.
 pub struct PeerService {
@@ -334,6 +339,38 @@ impl Peer for PeerService {
         Ok(Response::new(answer))
     }
 
+    async fn take_leadership(
+        &self,
+        request: Request<v1::TakeLeadershipRequest>,
+    ) -> Result<Response<v1::TakeLeadershipResponse>, Status> {
+        let caller = peer_identity::caller(&request);
+        let v1::TakeLeadershipRequest {
+            shard_id,
+            node_id,
+            leader_last_log_index,
+            wait_ms,
+        } = request.into_inner();
+        check_sender(caller, node_id)?;
+        let leader = self.raft(shard_id)?.metrics().borrow().current_leader;
+        if leader != Some(node_id) {
+            return Err(Status::failed_precondition(format!(
+                "node {node_id} does not lead shard {shard_id} as far as node {} knows (leader: {leader:?})",
+                self.shards.node_id()
+            )));
+        }
+        let elect_within = Duration::from_millis(wait_ms).min(MAX_TAKE_OVER_WAIT);
+        let leader = crate::leadership::rebalance::elect_once_caught_up(
+            &self.shards,
+            shard_id,
+            leader_last_log_index,
+            elect_within,
+        )
+        .await;
+        Ok(Response::new(v1::TakeLeadershipResponse {
+            leader_id: leader.unwrap_or(0),
+        }))
+    }
+
     async fn forward_produce(
         &self,
         request: Request<floret_proto::v1::ProduceRequest>,
@@ -350,9 +387,10 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<floret_proto::v1::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        own_dispatcher::serve(&self.this_node.sources, request)
-            .await
-            .map(Response::new)
+        let stream = own_dispatcher::serve(&self.this_node.sources, request).await?;
+        let ends_when_stopping: Self::ConsumeStream =
+            Box::pin(stream.take_until(self.node_stops()));
+        Ok(Response::new(ends_when_stopping))
     }
 
     async fn node_status(
