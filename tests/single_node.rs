@@ -8,6 +8,7 @@ mod deploy_files;
 mod grafana_files;
 mod harness;
 mod metrics;
+mod request_ids;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

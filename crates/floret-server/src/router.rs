@@ -27,6 +27,7 @@ use tonic::{Code, Status};
 use crate::error::RequestError;
 use crate::produce::ProduceAnswer;
 use crate::produce::proposer::{Proposers, ShardProposer};
+use crate::service::request_id;
 use crate::service::status::RETRY_AFTER_MS;
 
 /// How long a call to another node may take (a leader's own commit timeout is shorter).
@@ -165,6 +166,8 @@ impl ShardRouter {
         request: v1::ProduceRequest,
         max_request_bytes: usize,
     ) -> Result<ProduceAnswer, RequestError> {
+        let mut request = tonic::Request::new(request);
+        request_id::pass_on(request.metadata_mut());
         let answer = self
             .call_leader(shard, node, |channel| async move {
                 PeerClient::new(channel)
@@ -187,6 +190,8 @@ impl ShardRouter {
         node: NodeId,
         request: PeerSettleRequest,
     ) -> Result<PeerSettleResponse, NodeCallError> {
+        let mut request = tonic::Request::new(request);
+        request_id::pass_on(request.metadata_mut());
         let answer = self
             .call_node(node, |channel| async move {
                 PeerClient::new(channel).settle(request).await

@@ -9,6 +9,7 @@ pub mod floret;
 mod own_dispatcher;
 pub mod peer;
 pub mod peer_identity;
+pub mod request_id;
 pub mod server;
 pub mod status;
 

@@ -33,6 +33,7 @@ use super::connections::cap;
 use super::floret::FloretService;
 use super::peer::PeerService;
 use super::peer_identity::identify_members;
+use super::request_id::RequestIds;
 use crate::auth::Authenticate;
 use crate::tls::NodeTls;
 
@@ -120,7 +121,9 @@ impl Server {
             .max_decoding_message_size(services.max_request_bytes);
         let admin = AdminServer::from_arc(services.admin);
         let client_tls = tls.map(NodeTls::client_port);
+        let request_ids = RequestIds::default();
         let client_port = builder("client", client_tls)?
+            .layer(request_ids.clone())
             .add_service(health_service)
             .add_service(reflection)
             .add_service(InterceptedService::new(
@@ -145,6 +148,7 @@ impl Server {
                     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
                 Some(
                     builder("peer", peer_tls)?
+                        .layer(request_ids)
                         .add_service(InterceptedService::new(peer, identify))
                         .serve_with_incoming_shutdown(
                             cap(incoming(listener), MAX_PEER_CONNECTIONS, "peer"),

@@ -27,6 +27,7 @@ use crate::delivery_id;
 use crate::request::{self, InvalidRequest};
 use crate::service::convert;
 use crate::service::credit_split::CreditSplit;
+use crate::service::request_id;
 use crate::settle::Settler;
 
 /// The size deliveries are assumed to have before any was measured: until
@@ -112,7 +113,7 @@ pub async fn serve(
     for (offset, &node) in others.iter().enumerate() {
         let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
         peer_credits.push(credit_sender);
-        tokio::spawn(follow_peer(
+        tokio::spawn(request_id::within_call(follow_peer(
             PeerSource {
                 index: offset + 1,
                 node,
@@ -122,7 +123,7 @@ pub async fn serve(
             },
             credit_receiver,
             peer_events.clone(),
-        ));
+        )));
     }
     let mut connected = vec![false; source_count];
     connected[0] = true;
@@ -153,7 +154,12 @@ pub async fn serve(
         outbound,
         average_delivery_bytes: FIRST_DELIVERY_BYTES_GUESS,
     };
-    tokio::spawn(merge.run(inbound, local_deliveries, peer_deliveries, settler));
+    tokio::spawn(request_id::within_call(merge.run(
+        inbound,
+        local_deliveries,
+        peer_deliveries,
+        settler,
+    )));
     Ok(())
 }
 
