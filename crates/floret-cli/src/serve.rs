@@ -12,71 +12,87 @@ use floret_server::{Config, Node};
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(clap::Args)]
+#[command(
+    after_help = "Every setting (`floret config print` lists them) can also be given by a \
+variable named after its path: FLORET_, then its sections and key upper-cased and joined by __ \
+(FLORET_RAFT__ELECTION_TIMEOUT_MIN_MS=300), or by --set path=value. Flags go over variables, \
+variables over the file. Sizes take units (64MiB), durations too (30s)."
+)]
 pub struct ServeArgs {
     /// TOML configuration file (flags and FLORET_* variables override it).
     #[arg(long)]
     config: Option<PathBuf>,
     /// The cluster's name: gossip ignores nodes of another name.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_CLUSTER_NAME", hide_env_values = true)]
     cluster_name: Option<String>,
     /// This node's id (> 0).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_NODE_ID", hide_env_values = true)]
     node_id: Option<u64>,
     /// The client port's address (the public gRPC API); port 0 picks a free one.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_LISTEN", hide_env_values = true)]
     listen: Option<SocketAddr>,
     /// The peer port's address (node-to-node calls only; default: the port
     /// of this node's own entry in --peers, on --listen's interface).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_PEER_LISTEN", hide_env_values = true)]
     peer_listen: Option<SocketAddr>,
     /// The address clients are told to dial for this node (default: the
     /// client port's, with this node's --peers host when listening on 0.0.0.0).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_ADVERTISE", hide_env_values = true)]
     advertise: Option<String>,
     /// Data directory.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_DATA_DIR", hide_env_values = true)]
     data_dir: Option<PathBuf>,
     /// Number of shards (fixed when the data dir is created).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_SHARDS", hide_env_values = true)]
     shards: Option<u32>,
     /// Every member of the cluster, this node included, by its peer port:
     /// `1=host:port,2=host:port,...`.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_PEERS", hide_env_values = true)]
     peers: Option<String>,
     /// Replicas of each shard.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_REPLICATION_FACTOR", hide_env_values = true)]
     replication_factor: Option<usize>,
     /// UDP address for gossip (default: the peer port's address, UDP).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_GOSSIP_LISTEN", hide_env_values = true)]
     gossip_listen: Option<SocketAddr>,
     /// A file holding the cluster's gossip secret (`floret certs` writes
     /// gossip.key): gossip datagrams are sealed with it.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_GOSSIP_SECRET_FILE", hide_env_values = true)]
     gossip_secret_file: Option<PathBuf>,
     /// Serve Prometheus metrics (`/metrics`) and the web console (`/`) on
     /// this address.
-    #[arg(long)]
+    #[arg(long, env = "FLORET_METRICS_LISTEN", hide_env_values = true)]
     metrics_listen: Option<SocketAddr>,
     /// Lease timeout of a delivery before it is redelivered, in ms.
     #[arg(long)]
     lease_timeout_ms: Option<u64>,
     /// This node's certificate (PEM): the client port serves TLS with it,
     /// and the peer port mutual TLS (with --tls-ca, the cluster's CA).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_TLS_CERT", hide_env_values = true)]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_TLS_KEY", hide_env_values = true)]
     tls_key: Option<PathBuf>,
     /// Public keys tenants' tokens are signed with (`floret certs` writes
     /// token.pub; comma-separated, two at once while a key is rotated).
     /// With them every Floret and Admin call needs a token.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "FLORET_TOKEN_KEYS",
+        hide_env_values = true
+    )]
     token_keys: Vec<PathBuf>,
     /// Serve plaintext, or without token keys, on an address other than
     /// loopback (only on a network that the cluster and its clients alone
     /// can reach).
-    #[arg(long)]
+    #[arg(long, env = "FLORET_INSECURE", hide_env_values = true)]
     insecure: bool,
+    /// Any setting by its path, as in `floret config print`
+    /// (`--set raft.election_timeout_min_ms=300 --set shutdown.drain_timeout_ms=45s`);
+    /// over the file and the variables, under the flags above.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    settings: Vec<String>,
 }
 
 /// Runs a node; `tls_ca` is the cluster's CA given to the whole command.
@@ -85,7 +101,8 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
         args.config.as_deref(),
         |name| std::env::var(name).ok(),
         crate::environment(),
-    )?;
+    )?
+    .with_settings(&args.settings)?;
     if let Some(cluster_name) = args.cluster_name {
         config.cluster_name = cluster_name;
     }

@@ -8,6 +8,7 @@
 
 mod origins;
 mod sections;
+mod set_flag;
 mod units;
 mod validate;
 
@@ -165,6 +166,14 @@ pub enum ConfigError {
     Nested {
         /// The variable (or the variables, when which is unclear).
         name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A `--set path=value` names no setting or does not fit it.
+    #[error("--set {setting}: {message}")]
+    SetFlag {
+        /// The `path=value` given.
+        setting: String,
         /// What is wrong.
         message: String,
     },
