@@ -181,6 +181,13 @@ async fn delivery_stalls_while_gossip_is_cut() {
     passes(Schedule::CutGossip, 1).await;
 }
 
+/// Every node stopped with SIGTERM and started again in turn, under load:
+/// each hands its shards off and drains; nothing is lost or stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_gracefully_loses_what_it_led() {
+    passes(Schedule::RollingRestart, 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_serves_wrong_data_from_a_damaged_log() {
     passes(Schedule::CorruptLog, 2).await;

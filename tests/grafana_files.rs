@@ -6,7 +6,6 @@
 //! its data source variable, so it imports into any Grafana.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,7 @@ use floret_server::metric_catalog::{METRICS, Metric, MetricKind};
 use serde_json::Value;
 
 use super::harness::FloretProcess;
+use super::metrics::scrape;
 
 /// Metrics a lone node that produced, delivered and acked has no series of:
 /// counted only when their event happens, or only on a leader with
@@ -40,20 +40,6 @@ fn monitoring_file(name: &str) -> String {
         .join("../../deploy/grafana")
         .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
-}
-
-/// The text `GET /metrics` answers at `address`.
-fn metrics_page(address: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer
 }
 
 /// Each `floret_*` metric of the page with the kind its `# TYPE` line gives.
@@ -298,7 +284,7 @@ async fn a_dashboard_or_alert_used_a_metric_the_node_does_not_export() {
 
     let deadline = Instant::now() + SAMPLED_WITHIN;
     let (page, exported) = loop {
-        let page = metrics_page(&metrics_address);
+        let page = scrape(&metrics_address);
         let exported = exported_types(&page);
         let all_there = wanted
             .keys()

@@ -11,7 +11,7 @@ use floret_server::metric_catalog::{METRICS, MetricKind};
 use super::harness::FloretProcess;
 
 /// The text `GET /metrics` answers at `address`.
-fn scrape(address: &str) -> String {
+pub(super) fn scrape(address: &str) -> String {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -14,6 +14,9 @@ use crate::workload::Workload;
 /// How long a paused or partitioned leader stays so: beyond the leader
 /// lease plus the longest election timeout, so the others elect.
 const DEPOSE_HOLD: Duration = Duration::from_secs(5);
+/// How long a node stopped with SIGTERM may take to exit (its drain is
+/// bounded by `shutdown.drain_timeout_ms`, 20 s by default).
+const STOP_DEADLINE: Duration = Duration::from_secs(30);
 /// How long two killed nodes stay down.
 const MAJORITY_DOWN_HOLD: Duration = Duration::from_secs(3);
 /// How long a node started with a fault point may take to hit it.
@@ -71,11 +74,14 @@ pub enum Schedule {
     /// silence warning, which the nodes must give; healed, the view must
     /// become complete again.
     CutGossip,
+    /// Every node stopped with SIGTERM (it hands the shards it leads to
+    /// other replicas and drains) and started again, one after another.
+    RollingRestart,
 }
 
 impl Schedule {
     /// Every schedule.
-    pub const ALL: [Schedule; 12] = [
+    pub const ALL: [Schedule; 13] = [
         Schedule::KillLeader,
         Schedule::KillRandom,
         Schedule::PauseLeader,
@@ -88,6 +94,7 @@ impl Schedule {
         Schedule::CrashAtFaultPoints,
         Schedule::PowerLoss,
         Schedule::CutGossip,
+        Schedule::RollingRestart,
     ];
 
     /// Its name on the command line and in reports.
@@ -105,6 +112,7 @@ impl Schedule {
             Schedule::CrashAtFaultPoints => "crash-at-fault-points",
             Schedule::PowerLoss => "power-loss",
             Schedule::CutGossip => "cut-gossip",
+            Schedule::RollingRestart => "rolling-restart",
         }
     }
 
@@ -168,6 +176,19 @@ impl Schedule {
                 wait_for_leader(cluster).await?;
                 cluster.restart(victim, "").await?;
                 recorder.record(Event::Restarted { node: victim });
+            }
+            Schedule::RollingRestart => {
+                for node in cluster.ids() {
+                    fault(
+                        format!("stop node {node} (SIGTERM) and start it again"),
+                        true,
+                    );
+                    let took = cluster.stop(node, STOP_DEADLINE).await?;
+                    observed.push(format!("node {node} stopped in {} ms", took.as_millis()));
+                    cluster.restart(node, "").await?;
+                    recorder.record(Event::Restarted { node });
+                    wait_for_leader(cluster).await?;
+                }
             }
             Schedule::PauseLeader => {
                 fault(format!("pause leader {leader}"), true);

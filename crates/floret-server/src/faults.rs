@@ -10,7 +10,7 @@
 //!   NOT_SERVING too, and SERVING again once every shard has a leader. An
 //!   election after a leader's loss takes well under the grace, so a
 //!   failover does not flap health.
-//! - A stopping node answers NOT_SERVING (`node.rs` stops this watcher
+//! - A stopping node answers NOT_SERVING (`node/mod.rs` stops this watcher
 //!   first).
 //!
 //! [`first_fault`] and [`leaderless`] decide from what they are shown;

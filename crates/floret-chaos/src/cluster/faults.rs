@@ -1,5 +1,5 @@
 //! The faults a schedule injects into a [`Cluster`]: nodes started armed
-//! with fault points or expected to exit, SIGSTOP/SIGCONT, cut and healed
+//! with fault points or expected to exit, SIGTERM, SIGSTOP/SIGCONT, cut and healed
 //! peer links, and damage to a stopped node's data dir.
 
 use std::path::{Path, PathBuf};
@@ -53,6 +53,33 @@ impl Cluster {
             return true;
         }
         false
+    }
+
+    /// SIGTERM of node `id`, the way an operator stops it; waits up to
+    /// `within` for it to exit (it hands off the shards it leads first)
+    /// and returns how long that took.
+    pub async fn stop(&mut self, id: NodeId, within: Duration) -> anyhow::Result<Duration> {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let Some(child) = node.child.as_mut() else {
+            bail!("node {id} is not running");
+        };
+        let pid = child.id().context("node already exited")?;
+        let began = tokio::time::Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed");
+        }
+        let exited = tokio::time::timeout(within, child.wait())
+            .await
+            .with_context(|| format!("node {id} did not exit within {within:?} of SIGTERM"))??;
+        node.child = None;
+        if !exited.success() {
+            bail!("node {id} exited with {exited} after SIGTERM");
+        }
+        Ok(began.elapsed())
     }
 
     /// SIGSTOP (`pause`) or SIGCONT of node `id`.

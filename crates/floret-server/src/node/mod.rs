@@ -25,100 +25,39 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floret_cluster::{Peers, PeersError, Shards, ShardsError};
+use floret_cluster::{Peers, Shards};
 use floret_sched::SchedulerConfig;
-use floret_store::{AppliedListener, Database, OpenError};
+use floret_store::{AppliedListener, Database};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::auth::Authenticate;
 use crate::config::Config;
 use crate::console::{self, ConsoleParts};
+use crate::deliver;
 use crate::deliver::book::Tenancy;
-use crate::deliver::{self, DispatcherHandle};
 use crate::disk_room::DiskRoom;
 use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
 use crate::leadership::watch::watch_leadership;
 use crate::leadership::{drain, rebalance};
-use crate::load_view::{GossipStatus, LoadView};
-use crate::produce::ProducePipeline;
-use crate::produce::backpressure::Backpressure;
+use crate::load_view::LoadView;
 use crate::produce::proposer::{Proposers, ShardProposer};
 use crate::produce::tenant_limits::TenantLimits;
-use crate::router::ShardRouter;
-use crate::service::admin::AdminService;
-use crate::service::fan_in;
-use crate::service::floret::FloretService;
-use crate::service::peer::{PeerService, ThisNode};
-use crate::service::server::{Listeners, Server, ServerSetupError, Services};
-use crate::settle::Settler;
+use crate::service::server::{Listeners, Server};
 use crate::telemetry::sampler::{self, SampledParts};
-use crate::tls::{NodeTls, TlsFileError};
+use crate::tls::NodeTls;
+
+mod error;
+mod parts;
+
+pub use error::NodeError;
+use parts::NodeParts;
 
 /// The least time a stop gives open calls to finish, however long the
 /// hand-off of leaderships took.
 const MIN_CALL_DRAIN: Duration = Duration::from_secs(1);
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    /// The configuration is not valid.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// The data dir could not be opened.
-    #[error(transparent)]
-    Open(#[from] OpenError),
-    /// The member list is not usable.
-    #[error(transparent)]
-    Peers(#[from] PeersError),
-    /// The shards could not start.
-    #[error(transparent)]
-    Shards(#[from] ShardsError),
-    /// Gossip could not start.
-    #[error(transparent)]
-    Gossip(#[from] floret_cluster::GossipError),
-    /// The metrics recorder could not be installed.
-    #[error("cannot export metrics: {0}")]
-    Metrics(String),
-    /// The servers could not be set up.
-    #[error(transparent)]
-    Server(#[from] ServerSetupError),
-    /// A TLS file could not be read.
-    #[error(transparent)]
-    TlsFile(#[from] TlsFileError),
-    /// The gossip secret is missing or too short.
-    #[error("{0}")]
-    GossipSecret(String),
-    /// A token key file cannot be read or is not a public key, or a client
-    /// certificate mapping names no valid tenant.
-    #[error("{0}")]
-    Auth(String),
-    /// The listener's address is unknown.
-    #[error("cannot read the listen address: {0}")]
-    Listener(std::io::Error),
-    /// A port could not be bound.
-    #[error("cannot listen on {address} ({port} port): {source}")]
-    Bind {
-        /// Which port: client or peer.
-        port: &'static str,
-        /// The address.
-        address: String,
-        /// The failure.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Some shard elected no leader in time.
-    #[error("shard {shard} has no leader after {waited:?}")]
-    NotReady {
-        /// The shard.
-        shard: u32,
-        /// How long we waited.
-        waited: Duration,
-    },
-}
 
 /// A running node.
 pub struct Node {
@@ -438,86 +377,4 @@ fn background_tasks(
         Duration::from_millis(config.producers.forget_idle_after_ms),
     ));
     tasks
-}
-
-/// What the services are built from.
-struct NodeParts<'a> {
-    config: &'a Config,
-    /// The node's fault, which cluster status reports.
-    fault: NodeFault,
-    /// Where clients are told to dial this node.
-    advertised: String,
-    shards: &'a Arc<Shards>,
-    proposers: &'a Proposers,
-    dispatcher: DispatcherHandle,
-    /// This node's gossip, for cluster status (none on a one-node cluster).
-    gossip: Option<GossipStatus>,
-    /// The data dir's free space.
-    disk: DiskRoom,
-    /// The tenants' limits over all their producers.
-    tenant_limits: Arc<TenantLimits>,
-}
-
-impl NodeParts<'_> {
-    /// The Floret, Admin and Peer services over this node's parts.
-    fn services(self, stopped: watch::Receiver<bool>, authenticate: Authenticate) -> Services {
-        let (config, shards, proposers) = (self.config, self.shards, self.proposers);
-        let router = ShardRouter::new(shards.clone(), proposers.clone());
-        let settler = Settler::new(
-            self.dispatcher.clone(),
-            proposers.clone(),
-            shards.clone(),
-            router.clone(),
-        );
-        let produce = Arc::new(ProducePipeline::new(
-            shards.clone(),
-            router.clone(),
-            config.limits.clone(),
-            Backpressure::new(
-                config.backpressure.clone(),
-                shards.clone(),
-                self.disk,
-                config.storage.min_free_bytes,
-            ),
-            self.advertised.clone(),
-            config.auth.enabled().then_some(self.tenant_limits),
-        ));
-        let consumers = fan_in::Sources {
-            dispatcher: self.dispatcher.clone(),
-            settler: settler.clone(),
-            peers: shards.peers().clone(),
-            max_credits: config.limits.max_credits,
-            cross_node_split: config.fairness.cross_node_split,
-        };
-        let hand_back = HandBack::new(shards.clone(), proposers.clone(), self.dispatcher.clone());
-        let admin = Arc::new(AdminService::new(
-            shards.clone(),
-            self.dispatcher,
-            router,
-            self.advertised,
-            self.gossip,
-            self.fault,
-            config.auth.enabled(),
-        ));
-        Services {
-            floret: FloretService::new(produce.clone(), consumers.clone(), stopped.clone()),
-            admin: admin.clone(),
-            peer: PeerService::new(
-                shards.clone(),
-                proposers.clone(),
-                hand_back,
-                ThisNode {
-                    produce,
-                    sources: consumers,
-                    admin,
-                },
-                config.raft.max_snapshot_bytes,
-                stopped,
-            ),
-            max_request_bytes: config.limits.max_request_bytes,
-            members: shards.peers().node_ids(),
-            max_client_connections: config.limits.max_connections,
-            authenticate,
-        }
-    }
 }
