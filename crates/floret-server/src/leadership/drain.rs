@@ -51,9 +51,14 @@ pub async fn hand_off_leaderships(
         .map(|group| group.id)
         .filter(|&shard| shards.leads(shard))
         .collect();
-    futures::future::join_all(
-        led.iter()
-            .map(|&shard| hand_off(shards, hand_back, shard, deadline)),
+    // Bounded as a whole: a successor that never answers (a partition)
+    // must not hold the stop past its deadline.
+    let _gave_up_waiting = tokio::time::timeout_at(
+        deadline,
+        futures::future::join_all(
+            led.iter()
+                .map(|&shard| hand_off(shards, hand_back, shard, deadline)),
+        ),
     )
     .await;
     let still_led = loop {
