@@ -55,11 +55,10 @@ impl Driver {
             process,
             address: format!("127.0.0.1:{port}"),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(&driver.address).is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let listening = wait_until(Duration::from_secs(20), || {
+            TcpStream::connect(&driver.address).ok()
+        });
+        assert!(listening.is_ok(), "chromedriver did not listen");
         driver
     }
 
@@ -114,6 +113,21 @@ fn read_answer(stream: &mut TcpStream) -> (String, String) {
         body.extend_from_slice(&buffer[..read]);
     }
     (head, String::from_utf8(body).unwrap())
+}
+
+/// What `probe` finds, asked every 250 ms until it finds something or
+/// `within` has passed (from a blocking thread: the browser calls block).
+fn wait_until<T>(within: Duration, mut probe: impl FnMut() -> Option<T>) -> Result<T, ()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(found) = probe() {
+            return Ok(found);
+        }
+        if Instant::now() >= deadline {
+            return Err(());
+        }
+        std::thread::park_timeout(Duration::from_millis(250));
+    }
 }
 
 /// A browser session, deleted when dropped.
@@ -220,31 +234,28 @@ async fn the_console_did_not_show_the_producers_or_a_live_share_chart() {
         let driver = Driver::start();
         let session = Session::open(&driver);
         session.go(&format!("http://{console}/"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let first = loop {
+        let first = wait_until(Duration::from_secs(30), || {
             let page = session.run(READ_PAGE);
             let listed = page["producers"].as_array().map_or(0, Vec::len);
-            if listed == PRODUCERS.len() && page["samples"].as_u64() >= Some(2) {
-                break page;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the page did not list the producers: {page}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let later = loop {
-            std::thread::sleep(Duration::from_millis(500));
+            (listed == PRODUCERS.len() && page["samples"].as_u64() >= Some(2)).then_some(page)
+        })
+        .unwrap_or_else(|()| {
+            panic!(
+                "the page did not list the producers: {}",
+                session.run(READ_PAGE)
+            )
+        });
+        let later = wait_until(Duration::from_secs(20), || {
             let page = session.run(READ_PAGE);
-            if page["samples"].as_u64() >= Some(CHART_SAMPLES) && page["lines"] != first["lines"] {
-                break page;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the chart did not move: {first} then {page}"
-            );
-        };
+            (page["samples"].as_u64() >= Some(CHART_SAMPLES) && page["lines"] != first["lines"])
+                .then_some(page)
+        })
+        .unwrap_or_else(|()| {
+            panic!(
+                "the chart did not move: {first} then {}",
+                session.run(READ_PAGE)
+            )
+        });
         let screenshot = session.screenshot();
         (first, later, screenshot)
     })

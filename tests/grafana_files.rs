@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floret_client::{ConsumerEvent, Message};
 use floret_server::metric_catalog::{METRICS, Metric, MetricKind};
@@ -282,19 +282,24 @@ async fn a_dashboard_or_alert_used_a_metric_the_node_does_not_export() {
         }
     }
 
-    let deadline = Instant::now() + SAMPLED_WITHIN;
-    let (page, exported) = loop {
-        let page = scrape(&metrics_address);
-        let exported = exported_types(&page);
-        let all_there = wanted
+    let all_there = |exported: &BTreeMap<String, String>| {
+        wanted
             .keys()
             .filter(|name| !NOT_ON_A_LONE_NODE.contains(*name))
-            .all(|name| exported.contains_key(*name));
-        if all_there || Instant::now() > deadline {
-            break (page, exported);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+            .all(|name| exported.contains_key(*name))
     };
+    let sampled = floret_chaos::process::poll(SAMPLED_WITHIN, Duration::from_millis(500), || {
+        let page = scrape(&metrics_address);
+        let exported = exported_types(&page);
+        std::future::ready(all_there(&exported).then_some((page, exported)))
+    })
+    .await;
+    // Past the deadline, the last page says what is missing.
+    let (page, exported) = sampled.unwrap_or_else(|| {
+        let page = scrape(&metrics_address);
+        let exported = exported_types(&page);
+        (page, exported)
+    });
     let mut missing = Vec::new();
     for (name, metric) in &wanted {
         match exported.get(*name) {

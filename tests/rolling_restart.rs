@@ -14,7 +14,7 @@ use floret_client::{Client, ConsumerEvent};
 use tokio::sync::watch;
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
-use super::{CREDITS, DRAIN_DEADLINE, SHARDS, key_of, message};
+use super::{CREDITS, DRAIN_DEADLINE, RECONNECT_WAIT, SHARDS, key_of, message};
 
 const PRODUCERS: usize = 10;
 const CONSUMERS: usize = 3;
@@ -81,7 +81,8 @@ async fn consume_steadily(
                     .unwrap()
                     .ended
                     .push(format!("cannot subscribe: {error}"));
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _stopped_or_retry =
+                    tokio::time::timeout(RECONNECT_WAIT, stop.wait_for(|stop| *stop)).await;
                 continue;
             }
         };
