@@ -16,9 +16,22 @@ type StoredPairs = Box<dyn Iterator<Item = sled::Result<Pair>> + Send>;
 
 /// sled's pairs and the unwritten changes over them, merged in key order
 /// (or in reverse); unwritten deletions hide sled's pairs.
+///
+/// sled's iterator keeps the page it loaded. A write-out that completes
+/// while the read goes on moves changes the read has not fetched yet out of
+/// the unwritten layers and into sled, but not into that kept page: the
+/// sled side is then loaded again from the last key passed.
 pub(crate) struct Merged<'t> {
+    tree: &'t ShardTree,
+    /// The range's bounds, to load the sled side again.
+    from: Bound<Vec<u8>>,
+    to: Bound<Vec<u8>>,
     unwritten: UnwrittenCursor<'t>,
     stored: Peekable<StoredPairs>,
+    /// The tree's `moved_to_sled` when `stored` began.
+    stored_since: u64,
+    /// The last key the read went past, yielded or hidden.
+    passed: Option<IVec>,
     reverse: bool,
 }
 
@@ -29,18 +42,49 @@ impl<'t> Merged<'t> {
         to: Bound<&[u8]>,
         reverse: bool,
     ) -> Self {
-        let stored: StoredPairs = if is_empty_range(from, to) {
-            Box::new(std::iter::empty())
-        } else if reverse {
-            Box::new(tree.tree.range::<&[u8], _>((from, to)).rev())
-        } else {
-            Box::new(tree.tree.range::<&[u8], _>((from, to)))
-        };
+        let unwritten = UnwrittenCursor::new(tree, from, to, reverse);
         Self {
-            unwritten: UnwrittenCursor::new(tree, from, to, reverse),
-            stored: stored.peekable(),
+            tree,
+            from: from.map(<[u8]>::to_vec),
+            to: to.map(<[u8]>::to_vec),
+            stored: stored_pairs(tree, from, to, reverse).peekable(),
+            stored_since: unwritten.moved_to_sled,
+            unwritten,
+            passed: None,
             reverse,
         }
+    }
+
+    /// Loads the sled side again past the last key passed, once a fetch of
+    /// the unwritten side has seen changes move to sled since it began.
+    fn reload_stored_if_overtaken(&mut self) {
+        if self.unwritten.moved_to_sled == self.stored_since {
+            return;
+        }
+        let passed = self.passed.as_deref().map(Bound::Excluded);
+        let (from, to) = if self.reverse {
+            (as_ref(&self.from), passed.unwrap_or(as_ref(&self.to)))
+        } else {
+            (passed.unwrap_or(as_ref(&self.from)), as_ref(&self.to))
+        };
+        self.stored = stored_pairs(self.tree, from, to, self.reverse).peekable();
+        self.stored_since = self.unwritten.moved_to_sled;
+    }
+}
+
+/// sled's pairs in `(from, to)`, in key order or in reverse.
+fn stored_pairs(
+    tree: &ShardTree,
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+    reverse: bool,
+) -> StoredPairs {
+    if is_empty_range(from, to) {
+        Box::new(std::iter::empty())
+    } else if reverse {
+        Box::new(tree.tree.range::<&[u8], _>((from, to)).rev())
+    } else {
+        Box::new(tree.tree.range::<&[u8], _>((from, to)))
     }
 }
 
@@ -57,6 +101,8 @@ struct UnwrittenCursor<'t> {
     reverse: bool,
     fetched: VecDeque<Change>,
     exhausted: bool,
+    /// The tree's `moved_to_sled` at the last fetch.
+    moved_to_sled: u64,
 }
 
 /// Changes fetched from each layer at a time.
@@ -66,7 +112,7 @@ impl<'t> UnwrittenCursor<'t> {
     /// Makes the first fetch at once, with the bounds borrowed: a range
     /// with no unwritten change (the usual read) copies nothing.
     fn new(tree: &'t ShardTree, from: Bound<&[u8]>, to: Bound<&[u8]>, reverse: bool) -> Self {
-        let (changes, more) = fetch(tree, from, to, reverse);
+        let (changes, more, moved_to_sled) = fetch(tree, from, to, reverse);
         let owned = |bound: Bound<&[u8]>| bound.map(<[u8]>::to_vec);
         let (resume, end) = match changes.last() {
             Some((last, _)) if more => {
@@ -82,6 +128,7 @@ impl<'t> UnwrittenCursor<'t> {
             reverse,
             fetched: changes.into(),
             exhausted: !more,
+            moved_to_sled,
         }
     }
 
@@ -92,8 +139,9 @@ impl<'t> UnwrittenCursor<'t> {
             } else {
                 (as_ref(&self.resume), as_ref(&self.end))
             };
-            let (changes, more) = fetch(self.tree, from, to, self.reverse);
+            let (changes, more, moved_to_sled) = fetch(self.tree, from, to, self.reverse);
             self.exhausted = !more;
+            self.moved_to_sled = moved_to_sled;
             if let Some((last, _)) = changes.last() {
                 self.resume = Bound::Excluded(last.clone());
             }
@@ -110,20 +158,23 @@ impl<'t> UnwrittenCursor<'t> {
 
 /// Takes up to [`FETCH`] changes of each layer in `(from, to)`, in the
 /// cursor's order, and keeps those that no change left behind in a layer
-/// can precede; true in the second field when changes may be left.
+/// can precede; true in the second field when changes may be left, and
+/// the tree's `moved_to_sled` as they were taken in the third.
 fn fetch(
     tree: &ShardTree,
     from: Bound<&[u8]>,
     to: Bound<&[u8]>,
     reverse: bool,
-) -> (Vec<Change>, bool) {
-    if is_empty_range(from, to) {
-        return (Vec::new(), false);
-    }
+) -> (Vec<Change>, bool, u64) {
     let mut merged = BTreeMap::new();
     let mut limit: Option<Vec<u8>> = None;
+    let moved_to_sled;
     {
         let unwritten = tree.unwritten();
+        moved_to_sled = unwritten.moved_to_sled;
+        if is_empty_range(from, to) {
+            return (Vec::new(), false, moved_to_sled);
+        }
         let layers = [unwritten.being_written.as_deref(), Some(&unwritten.pending)];
         for layer in layers.into_iter().flatten() {
             let range = layer.range(from, to);
@@ -152,7 +203,7 @@ fn fetch(
     if let Some(limit) = &limit {
         changes.retain(|(key, _)| order(key, limit, reverse) != Ordering::Greater);
     }
-    (changes, more)
+    (changes, more, moved_to_sled)
 }
 
 fn as_ref(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
@@ -179,6 +230,8 @@ impl Iterator for Merged<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
+            self.unwritten.peek();
+            self.reload_stored_if_overtaken();
             let stored_key = match self.stored.peek() {
                 Some(Ok((key, _))) => Some(key.clone()),
                 Some(Err(_)) => return self.stored.next(),
@@ -198,11 +251,14 @@ impl Iterator for Merged<'_> {
                 },
             };
             if !unwritten_first {
+                self.passed = stored_key;
                 return self.stored.next();
             }
             let (key, value) = self.unwritten.next().expect("peeked above");
+            let key = IVec::from(key);
+            self.passed = Some(key.clone());
             if let Some(value) = value {
-                return Some(Ok((IVec::from(key), IVec::from(value))));
+                return Some(Ok((key, IVec::from(value))));
             }
         }
     }

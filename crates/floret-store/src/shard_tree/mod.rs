@@ -24,6 +24,10 @@
 //!   [`WRITE_OUT_BYTES`]).
 //! - A reader on another task may see one write-out half written in sled,
 //!   as it could see one apply half written before.
+//! - sled's iterators keep the page they loaded. A range read that a
+//!   write-out overtakes loads its sled side again from where it stands
+//!   (`merged.rs`), or it would read that page's values from before the
+//!   write-out once the changes have left the unwritten layers.
 
 mod merged;
 #[cfg(test)]
@@ -70,6 +74,10 @@ struct Unwritten {
     being_written: Option<Arc<ChangeSet>>,
     /// Why a write-out failed: the tree takes no more changes after that.
     failed: Option<String>,
+    /// Bumped whenever changes leave these layers for sled (a write-out
+    /// completed, an install): a range read whose sled iterator loaded its
+    /// page before then must load it again (`merged.rs`).
+    moved_to_sled: u64,
 }
 
 impl ShardTree {
@@ -170,7 +178,10 @@ impl ShardTree {
         let written = changes.write(&self.tree);
         let mut unwritten = self.unwritten();
         match &written {
-            Ok(()) => unwritten.being_written = None,
+            Ok(()) => {
+                unwritten.being_written = None;
+                unwritten.moved_to_sled += 1;
+            }
             Err(error) => unwritten.failed = Some(error.to_string()),
         }
         written
@@ -187,7 +198,10 @@ impl ShardTree {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut unwritten = self.unwritten();
-        *unwritten = Unwritten::default();
+        *unwritten = Unwritten {
+            moved_to_sled: unwritten.moved_to_sled + 1,
+            ..Unwritten::default()
+        };
         let mut batch = sled::Batch::default();
         for key in self.tree.iter().keys() {
             batch.remove(key?);

@@ -207,8 +207,20 @@ impl PendingApply<'_> {
         };
         let bytes = accounted(&value)?;
         let record = self.producer(queue, producer)?;
-        record.messages -= 1;
-        record.bytes -= bytes;
+        let (Some(messages), Some(remaining_bytes)) = (
+            record.messages.checked_sub(1),
+            record.bytes.checked_sub(bytes),
+        ) else {
+            return Err(storage_error::read_state_machine(std::io::Error::other(
+                format!(
+                    "the record of producer {producer:?} of queue {queue:?} counts fewer \
+                     messages or bytes than it holds (sequence {})",
+                    message.sequence
+                ),
+            )));
+        };
+        record.messages = messages;
+        record.bytes = remaining_bytes;
         if record.head == message.sequence {
             record.head += 1;
         }
