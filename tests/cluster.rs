@@ -13,6 +13,7 @@ mod harness;
 mod health;
 mod peer_port;
 mod rolling_restart;
+mod sink_failover;
 mod tenants;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

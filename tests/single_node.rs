@@ -9,6 +9,7 @@ mod grafana_files;
 mod harness;
 mod metrics;
 mod request_ids;
+mod sink;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

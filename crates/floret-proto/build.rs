@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         proto_root.join("floret/v1/floret.proto"),
         proto_root.join("floret/peer/v1/peer.proto"),
+        proto_root.join("floret/sink/v1/sink.proto"),
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());

@@ -14,6 +14,7 @@ mod health;
 mod policy;
 mod produce;
 mod serve;
+mod sink;
 mod status;
 mod table;
 mod token;
@@ -143,6 +144,9 @@ enum Command {
     Policy(policy::PolicyArgs),
     /// List, replay or delete a queue's dead letters.
     DeadLetters(dead_letters::DeadLetterArgs),
+    /// Push a queue's messages into a sink (a gRPC service), or run a
+    /// development sink.
+    Sink(sink::SinkArgs),
     /// Make a CA and certificates for a cluster's nodes and clients.
     Certs(certs::CertsArgs),
     /// Make token signing keys, and sign tenants' tokens.
@@ -202,6 +206,7 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(args) => bench::run(args).await,
             Command::Policy(args) => policy::run(args).await,
             Command::DeadLetters(args) => dead_letters::run(args).await,
+            Command::Sink(args) => sink::run(args).await,
             Command::Certs(args) => certs::run(args),
             Command::Token(args) => token::run(args),
             Command::Config(args) => config::run(args),

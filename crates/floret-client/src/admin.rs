@@ -1,11 +1,11 @@
 //! The `floret.v1.Admin` calls of [`Client`]: cluster status, queue
-//! statistics, replica digests, policies and dead letters.
+//! statistics, replica digests, policies, dead letters and sinks.
 
 use floret_proto::v1;
 
 use crate::{
     Client, ClientError, ClusterStatusResponse, DeadLetter, GetPolicyResponse, Policy,
-    QueueStatsResponse,
+    QueueStatsResponse, SinkSpec,
 };
 
 impl Client {
@@ -154,6 +154,45 @@ impl Client {
             .await?
             .into_inner()
             .dead_letters)
+    }
+
+    /// Sets where `queue`'s messages are pushed; returns the sink as stored
+    /// (defaults filled in) once every shard has committed it.
+    pub async fn set_sink(&self, queue: &str, sink: SinkSpec) -> Result<SinkSpec, ClientError> {
+        let request = v1::SetSinkRequest {
+            queue: queue.to_owned(),
+            sink: Some(sink),
+        };
+        let stored = self.admin.clone().set_sink(request).await?.into_inner();
+        Ok(stored.stored.unwrap_or_default())
+    }
+
+    /// `queue`'s sink, if it has one.
+    pub async fn get_sink(&self, queue: &str) -> Result<Option<SinkSpec>, ClientError> {
+        let request = v1::GetSinkRequest {
+            queue: queue.to_owned(),
+        };
+        Ok(self
+            .admin
+            .clone()
+            .get_sink(request)
+            .await?
+            .into_inner()
+            .sink)
+    }
+
+    /// Stops pushing `queue`'s messages; whether it had a sink.
+    pub async fn remove_sink(&self, queue: &str) -> Result<bool, ClientError> {
+        let request = v1::RemoveSinkRequest {
+            queue: queue.to_owned(),
+        };
+        Ok(self
+            .admin
+            .clone()
+            .remove_sink(request)
+            .await?
+            .into_inner()
+            .removed)
     }
 
     /// Puts dead letters back at the end of their producers' queues; returns how many.

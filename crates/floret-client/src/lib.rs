@@ -33,6 +33,7 @@ mod admin;
 mod bearer;
 mod coalesce;
 mod consumer;
+pub mod dev_sink;
 mod retry;
 mod routes;
 
@@ -51,8 +52,9 @@ pub use coalesce::ProduceCoalescing;
 use consumer::ConsumeNode;
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
-    AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, Message,
-    Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome,
+    AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, GrpcSink,
+    Message, Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome, SinkSpec,
+    sink_spec,
 };
 pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 

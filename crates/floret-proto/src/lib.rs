@@ -5,6 +5,8 @@
 //! Only the gRPC edge (server services, client library) uses these types; the
 //! scheduler and the store never see them.
 //!
+//! `sink::v1` is the service a queue's sink pushes to; floret is its client.
+//!
 //! `peer::v1` is the node-to-node service (raft traffic of every shard,
 //! forwarded produces and settles, leadership hand-back, each node's own
 //! dispatcher and figures); only the peer port serves it, and clients never
@@ -22,6 +24,16 @@ pub mod peer {
     pub mod v1 {
         #![allow(missing_docs, clippy::all)]
         tonic::include_proto!("floret.peer.v1");
+    }
+}
+
+/// The `floret.sink.v1` package: the service a queue's sink pushes batches
+/// to, implemented outside floret (or by `floret sink serve`).
+pub mod sink {
+    /// Version 1.
+    pub mod v1 {
+        #![allow(missing_docs, clippy::all)]
+        tonic::include_proto!("floret.sink.v1");
     }
 }
 

@@ -51,6 +51,7 @@ pub mod request;
 pub mod router;
 pub mod service;
 pub mod settle;
+mod sink;
 pub mod telemetry;
 pub mod tls;
 

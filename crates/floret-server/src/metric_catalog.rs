@@ -52,6 +52,11 @@ pub struct Metric {
 /// Buckets of counts that go up to a raft entry's 64 operations.
 const OPERATIONS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
+/// Buckets of a sink batch's messages, up to the largest `batch_max`.
+const BATCH_MESSAGES: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0,
+];
+
 /// Buckets of the time a step takes, in seconds: 250 µs to 10 s.
 const STEP_SECONDS: &[f64] = &[
     0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -344,6 +349,30 @@ pub const METRICS: &[Metric] = &[
         name: "floret_store_sync_waiters",
         kind: MetricKind::Histogram(OPERATIONS),
         help: "Appends made durable by each fdatasync of the raft log.",
+        labels: &[],
+    },
+    Metric {
+        name: "floret_sink_messages_total",
+        kind: MetricKind::Counter,
+        help: "Messages a queue's sink answered, by outcome: ok (removed), retry (handed back after a back-off), reject (dead-lettered).",
+        labels: &["queue", "outcome"],
+    },
+    Metric {
+        name: "floret_sink_batches_total",
+        kind: MetricKind::Counter,
+        help: "Batches this node sent to a queue's sink, by result: answered, or failed (the call failed, timed out or answered another number of results; sent again).",
+        labels: &["queue", "result"],
+    },
+    Metric {
+        name: "floret_sink_batch_seconds",
+        kind: MetricKind::Histogram(STEP_SECONDS),
+        help: "Calls to a sink that it answered, from sending the batch to its answer.",
+        labels: &[],
+    },
+    Metric {
+        name: "floret_sink_batch_messages",
+        kind: MetricKind::Histogram(BATCH_MESSAGES),
+        help: "Messages in each batch sent to a sink.",
         labels: &[],
     },
 ];

@@ -20,6 +20,7 @@
 //! - `N` queue-len:u8 queue -> the id the queue's next dead letter gets (u64);
 //! - `T` + a message key without its `M` -> when that delayed message may be
 //!   delivered (i64 ms since the Unix epoch); only delayed messages have one.
+//! - `S` queue-len:u8 queue -> the queue's [`crate::SinkSpec`].
 //!
 //! Lengths are prefixed so that producer `ab` and producer `abc` never share a
 //! key prefix.
@@ -49,6 +50,9 @@ pub const DELAY_TAG: u8 = b'T';
 
 /// First byte of every key of a run's removal marks.
 pub const REMOVED_TAG: u8 = b'X';
+
+/// First byte of every sink key.
+pub const SINK_TAG: u8 = b'S';
 
 /// Whether `key` belongs to this node's copy alone (the redo record of a
 /// write in progress, the payload pins): it never travels in a snapshot.
@@ -104,6 +108,21 @@ pub fn dead_letter(queue: &str, id: u64) -> Vec<u8> {
 /// Key of the id a queue's next dead letter gets.
 pub fn next_dead_letter(queue: &str) -> Vec<u8> {
     queue_key(NEXT_DEAD_LETTER_TAG, queue)
+}
+
+/// Key of a queue's sink.
+pub fn sink(queue: &str) -> Vec<u8> {
+    queue_key(SINK_TAG, queue)
+}
+
+/// The queue a sink key names; None if it is not one.
+pub fn parse_sink(key: &[u8]) -> Option<&str> {
+    let (&tag, rest) = key.split_first()?;
+    let (&queue_len, queue) = rest.split_first()?;
+    if tag != SINK_TAG || queue.len() != usize::from(queue_len) {
+        return None;
+    }
+    std::str::from_utf8(queue).ok()
 }
 
 /// Splits a queue policy key, or a producer policy key, into (queue,

@@ -15,6 +15,7 @@ use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessa
 use crate::resting;
 use crate::runs;
 use crate::shard_tree::ShardTree;
+use crate::sink_spec::SinkSpec;
 use crate::storage_error;
 use crate::types::StorageError;
 use crate::wal::Wal;
@@ -188,6 +189,21 @@ impl ShardReader {
     /// A copy of every policy of the shard.
     pub fn policies(&self) -> PolicyTable {
         self.policies.read().expect("policy lock").clone()
+    }
+
+    /// Every queue's sink the shard stores, in queue order.
+    pub fn sinks(&self) -> Result<Vec<(String, SinkSpec)>, StorageError> {
+        let mut sinks = Vec::new();
+        for item in self.tree.scan_prefix(&[keys::SINK_TAG]) {
+            let (key, value) = item.map_err(storage_error::read_state_machine)?;
+            let queue = keys::parse_sink(&key).ok_or_else(|| {
+                storage_error::read_state_machine(std::io::Error::other("malformed sink key"))
+            })?;
+            let sink: SinkSpec =
+                decode("sink", &value).map_err(storage_error::read_state_machine)?;
+            sinks.push((queue.to_owned(), sink));
+        }
+        Ok(sinks)
     }
 
     /// Up to `limit` dead letters of `queue` with ids from `from` on, in id order.

@@ -29,6 +29,7 @@ use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, decode, enc
 use crate::resting::{self, RestingError};
 use crate::runs;
 use crate::shard_tree::ShardTree;
+use crate::sink_spec::SinkSpec;
 use crate::types::{NodeId, ShardId};
 use crate::wal::Wal;
 
@@ -240,6 +241,10 @@ fn check_other(key: &[u8], value: &[u8]) -> Result<(), String> {
                 return Err("next dead-letter key is not a queue".into());
             }
             decode_whole::<u64>("next dead-letter id", value)
+        }
+        Some(keys::SINK_TAG) => {
+            keys::parse_sink(key).ok_or("sink key is not a queue")?;
+            decode_whole::<SinkSpec>("sink", value)
         }
         Some(keys::DELAY_TAG) => {
             check_message_key(&keys::delayed_message(key))?;

@@ -11,6 +11,7 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
+use crate::sink_spec::{SetSink, SinkSpec};
 
 openraft::declare_raft_types!(
     /// Types of every floret shard's raft group.
@@ -78,6 +79,8 @@ pub enum Op {
     EnqueueDelayed(DelayedEnqueue),
     /// Delete the counters of producers that have stayed idle.
     ForgetIdle(Vec<IdleProducer>),
+    /// Store or remove a queue's sink.
+    SetSink(SetSink),
 }
 
 /// A producer seen idle: nothing stored, no policy override, and its tail
@@ -260,5 +263,12 @@ pub enum OpReply {
     Replayed {
         /// Dead letters that existed and were replayed.
         count: u64,
+    },
+    /// The queue's sink as stored after the change (None: it has none).
+    SinkSet {
+        /// The stored sink.
+        sink: Option<SinkSpec>,
+        /// Whether the queue had a sink before.
+        had_one: bool,
     },
 }

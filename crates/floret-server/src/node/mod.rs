@@ -45,7 +45,10 @@ use crate::leadership::{drain, rebalance};
 use crate::load_view::LoadView;
 use crate::produce::proposer::{Proposers, ShardProposer};
 use crate::produce::tenant_limits::TenantLimits;
+use crate::router::ShardRouter;
 use crate::service::server::{Listeners, Server};
+use crate::settle::Settler;
+use crate::sink;
 use crate::telemetry::sampler::{self, SampledParts};
 use crate::tls::NodeTls;
 
@@ -200,6 +203,16 @@ impl Node {
             tenant_limits,
         };
         let hand_back = HandBack::new(shards.clone(), proposers.clone(), dispatcher.clone());
+        let sink_pumps = sink::PumpParts {
+            dispatcher: dispatcher.clone(),
+            settler: Settler::new(
+                dispatcher.clone(),
+                proposers.clone(),
+                shards.clone(),
+                ShardRouter::new(shards.clone(), proposers.clone()),
+            ),
+            lease_timeout: Duration::from_millis(config.delivery.lease_timeout_ms),
+        };
         let services = parts.services(stopped.clone(), authenticate.clone());
         let mut telemetry = Vec::new();
         if let Some(listener) = operations {
@@ -218,6 +231,7 @@ impl Node {
             };
             telemetry.push(console::spawn(listener, console, stopped.clone()));
         }
+        watchers.push(sink::spawn(shards.clone(), sink_pumps, stopped.clone()));
         let server = Server::start(services, listeners, tls.as_ref(), stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
         let rebalancer = has_peers(&shards).then(|| rebalance::spawn(shards.clone()));

@@ -248,9 +248,12 @@ impl ProducePipeline {
                     &policy,
                 ))
             }
-            OpReply::Removed { .. } | OpReply::PolicySet { .. } | OpReply::Replayed { .. } => Err(
-                RequestError::Internal(format!("a produce was answered with {reply:?}")),
-            ),
+            OpReply::Removed { .. }
+            | OpReply::PolicySet { .. }
+            | OpReply::Replayed { .. }
+            | OpReply::SinkSet { .. } => Err(RequestError::Internal(format!(
+                "a produce was answered with {reply:?}"
+            ))),
         }
     }
 }

@@ -238,6 +238,7 @@ fn lane_of(op: &Op) -> Lane {
         }
         Op::Remove(_)
         | Op::SetPolicy(_)
+        | Op::SetSink(_)
         | Op::ForgetIdle(_)
         | Op::Discard(_)
         | Op::ReplayDeadLetters(_)
@@ -251,7 +252,7 @@ fn op_bytes(op: &Op) -> usize {
             enqueue.messages.iter().map(|m| m.payload.len() + 64).sum()
         }
         Op::Remove(messages) => messages.len() * 64,
-        Op::SetPolicy(_) => 128,
+        Op::SetPolicy(_) | Op::SetSink(_) => 128,
         Op::ForgetIdle(idle) => idle.len() * 64,
         Op::Discard(discard) => discard.messages.len() * 96,
         Op::ReplayDeadLetters(selection) | Op::DeleteDeadLetters(selection) => {

@@ -197,6 +197,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             Op::ForgetIdle(idle) => pending.forget_idle(idle)?,
                             Op::Remove(messages) => pending.remove(messages)?,
                             Op::SetPolicy(change) => pending.set_policy(change),
+                            Op::SetSink(change) => pending.set_sink(change)?,
                             Op::Discard(discard) => pending.discard(discard)?,
                             Op::ReplayDeadLetters(selection) => {
                                 pending.replay_dead_letters(selection)?

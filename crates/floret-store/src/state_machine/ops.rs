@@ -11,6 +11,7 @@ use crate::policy::{Overflow, Policy};
 use crate::records::{DeadLetterRecord, ProducedBatch, StoredMessage, decode, encode};
 use crate::resting::{self, LoggedPayload, RestingPayload};
 use crate::runs;
+use crate::sink_spec::SetSink;
 use crate::storage_error;
 use crate::types::{
     DeadLetterReason, DeadLetterSelection, DelayedEnqueue, Discard, Enqueue, IdleProducer,
@@ -312,6 +313,19 @@ impl PendingApply<'_> {
             producer: change.producer.clone(),
         });
         OpReply::PolicySet { policy: stored }
+    }
+
+    pub(super) fn set_sink(&mut self, change: &SetSink) -> Result<OpReply, StorageError> {
+        let key = keys::sink(&change.queue);
+        let had_one = self.get(&key)?.is_some();
+        match &change.sink {
+            Some(sink) => self.changes.insert(key, encode(sink)),
+            None => self.changes.remove(key),
+        }
+        Ok(OpReply::SinkSet {
+            sink: change.sink.clone(),
+            had_one,
+        })
     }
 
     /// The dead letters `selection` names that exist, each once, in id

@@ -1,5 +1,6 @@
 //! Payloads written once: what the state machine stores for an entry the
-//! node's own log holds, and what it hands out.
+//! node's own log holds, and what it hands out. Sinks stored and carried
+//! by snapshots.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +14,7 @@ use crate::types::{
     TypeConfig,
 };
 use crate::wal::SegmentRuns;
-use crate::{Database, keys};
+use crate::{Database, SetSink, SinkSpec, SinkTarget, keys};
 
 const SHARD: u32 = 0;
 
@@ -381,4 +382,55 @@ async fn sync_writes_applied_changes_to_sled_before_the_log_is_purged() {
         payload(3)
     );
     assert_eq!(database.wal().pins_of(SHARD).values().sum::<u64>(), 1);
+}
+
+fn grpc_sink(address: &str) -> SinkSpec {
+    SinkSpec {
+        target: SinkTarget::Grpc {
+            address: address.into(),
+        },
+        batch_max: 100,
+        batch_max_bytes: 1 << 20,
+        linger_ms: 5,
+        timeout_ms: 10_000,
+    }
+}
+
+fn set_sink(index: u64, sink: Option<SinkSpec>) -> Entry<TypeConfig> {
+    ops(
+        index,
+        vec![Op::SetSink(SetSink {
+            queue: "q".into(),
+            sink,
+        })],
+    )
+}
+
+#[tokio::test]
+async fn sink_set_travels_in_a_snapshot_and_removal_forgets_it() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let target_dir = tempfile::tempdir().unwrap();
+    let source = Database::open(source_dir.path()).unwrap();
+    append_and_apply(&source, set_sink(1, Some(grpc_sink("http://a:1"))), true).await;
+    append_and_apply(&source, set_sink(2, Some(grpc_sink("http://b:2"))), true).await;
+    let reader = source.state_machine(SHARD, None).unwrap().reader();
+    assert_eq!(
+        reader.sinks().unwrap(),
+        vec![("q".to_owned(), grpc_sink("http://b:2"))]
+    );
+    let mut builder = source
+        .state_machine(SHARD, None)
+        .unwrap()
+        .get_snapshot_builder()
+        .await;
+    let snapshot = builder.build_snapshot().await.unwrap();
+    let target = Database::open(target_dir.path()).unwrap();
+    let mut installer = target.state_machine(SHARD, None).unwrap();
+    installer
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(installer.reader().sinks().unwrap(), reader.sinks().unwrap());
+    append_and_apply(&source, set_sink(3, None), true).await;
+    assert_eq!(reader.sinks().unwrap(), vec![]);
 }

@@ -1,6 +1,6 @@
 //! The `floret.v1.Admin` service: cluster status (`cluster_status.rs`),
-//! queue statistics (`queue_stats.rs`), replica digests, and policies and
-//! dead letters (`policies.rs`).
+//! queue statistics (`queue_stats.rs`), replica digests, policies and
+//! dead letters (`policies.rs`), and sinks (`sinks.rs`).
 //!
 //! Queue statistics combine the durable per-producer counters of every shard
 //! (read from the state machines, off the async runtime) with the
@@ -42,6 +42,7 @@ mod cluster_status;
 mod own;
 mod policies;
 mod queue_stats;
+mod sinks;
 
 use queue_stats::merge_queue_stats;
 
@@ -214,6 +215,34 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::DeadLetterIds>,
     ) -> Result<Response<v1::DeadLettersChanged>, Status> {
         self.audited_dead_letter_change(request, false).await
+    }
+
+    async fn set_sink(
+        &self,
+        request: Request<v1::SetSinkRequest>,
+    ) -> Result<Response<v1::SetSinkResponse>, Status> {
+        let caller = admin_only(&request, "SetSink")?;
+        let request = request.into_inner();
+        audit_admin_action(&caller, "SetSink", &format!("queue {:?}", request.queue));
+        self.set_sink_in_shards(request).await
+    }
+
+    async fn get_sink(
+        &self,
+        request: Request<v1::GetSinkRequest>,
+    ) -> Result<Response<v1::GetSinkResponse>, Status> {
+        admin_only(&request, "GetSink")?;
+        self.sink_from_own_replica(request.into_inner())
+    }
+
+    async fn remove_sink(
+        &self,
+        request: Request<v1::RemoveSinkRequest>,
+    ) -> Result<Response<v1::RemoveSinkResponse>, Status> {
+        let caller = admin_only(&request, "RemoveSink")?;
+        let request = request.into_inner();
+        audit_admin_action(&caller, "RemoveSink", &format!("queue {:?}", request.queue));
+        self.remove_sink_in_shards(request).await
     }
 }
 

@@ -1,0 +1,42 @@
+//! Where a queue's dispatched messages are pushed, as every shard stores it:
+//! the sink's target and how its batches close.
+//!
+//! The store keeps it and replicates it like a queue's policy; what the
+//! values may be is checked where a request sets them (floret-server), and
+//! the pumps that use it live there too.
+
+use serde::{Deserialize, Serialize};
+
+/// A queue's sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkSpec {
+    /// Where batches go.
+    pub target: SinkTarget,
+    /// A batch closes once it holds this many messages.
+    pub batch_max: u32,
+    /// A batch closes before a message would take its payloads past this.
+    pub batch_max_bytes: u64,
+    /// A batch closes once its oldest message has waited this long, ms.
+    pub linger_ms: u32,
+    /// A batch the sink has not answered within this is retried, ms.
+    pub timeout_ms: u32,
+}
+
+/// The service a sink pushes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SinkTarget {
+    /// A `floret.sink.v1.Sink` gRPC service at this URI (`http://host:port`).
+    Grpc {
+        /// The service's address.
+        address: String,
+    },
+}
+
+/// A sink set on a queue, or removed from it (`sink` None).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetSink {
+    /// The queue.
+    pub queue: String,
+    /// The sink; None removes the queue's sink.
+    pub sink: Option<SinkSpec>,
+}

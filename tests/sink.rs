@@ -1,0 +1,294 @@
+//! A queue's sink on one node: messages reach a gRPC sink in batches and
+//! leave floret only once the sink took them; rejected ones end in the dead
+//! letters, asked-again ones come back, a sink that is down loses nothing,
+//! a lone message waits the linger, and a removed sink gets nothing more.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
+use floret_client::{Client, GrpcSink, Message, SinkSpec, sink_spec};
+use floret_proto::sink::v1::Outcome;
+
+use super::harness::{FloretProcess, eventually};
+
+/// Starts `sink` on a loopback port; its address.
+async fn serve(sink: &DevSink) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sink.clone().serve(listener));
+    address
+}
+
+fn grpc_sink(address: &str, batch_max: u32, linger_ms: u32) -> SinkSpec {
+    SinkSpec {
+        target: Some(sink_spec::Target::Grpc(GrpcSink {
+            address: address.to_owned(),
+        })),
+        batch_max,
+        linger_ms,
+        ..Default::default()
+    }
+}
+
+/// Produces `count` messages as each of `producers`; every (producer, sequence).
+async fn produce(
+    client: &Client,
+    queue: &str,
+    producers: &[&str],
+    count: usize,
+) -> BTreeSet<(String, u64)> {
+    let mut produced = BTreeSet::new();
+    for producer in producers {
+        let messages = (0..count)
+            .map(|i| Message {
+                payload: format!("{producer}-{i}").into_bytes(),
+                headers: Default::default(),
+            })
+            .collect();
+        let answer = client.produce(queue, producer, messages).await.unwrap();
+        produced.extend(answer.sequences.iter().map(|&s| (producer.to_string(), s)));
+    }
+    produced
+}
+
+/// The messages `sink` took (answered OK), each once.
+fn taken(sink: &DevSink) -> BTreeSet<(String, u64)> {
+    sink.received()
+        .into_iter()
+        .filter(|r| r.outcome == Outcome::Ok)
+        .map(|r| (r.message.producer_id, r.message.sequence))
+        .collect()
+}
+
+async fn backlog(client: &Client, queue: &str) -> u64 {
+    let stats = client.queue_stats(queue).await.unwrap();
+    stats
+        .queues
+        .iter()
+        .find(|q| q.queue == queue)
+        .map_or(0, |q| q.backlog_messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_the_sink_in_batches_and_leave_floret_once_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = floret_chaos::ports::free_loopback_ports(1).unwrap()[0];
+    let metrics_address = format!("127.0.0.1:{port}");
+    let node = FloretProcess::start(
+        &dir.path().join("node"),
+        &["--metrics-listen", &metrics_address],
+    );
+    let client = node.client();
+    let sink = DevSink::new(DevSinkBehaviour::default());
+    let address = serve(&sink).await;
+    let stored = client
+        .set_sink("orders", grpc_sink(&address, 50, 5))
+        .await
+        .unwrap();
+    assert_eq!(stored.batch_max, 50);
+    assert_eq!(
+        client.get_sink("orders").await.unwrap(),
+        Some(stored.clone())
+    );
+    let produced = produce(&client, "orders", &["a", "b", "c", "d", "e"], 200).await;
+    eventually(
+        Duration::from_secs(30),
+        "every message taken by the sink",
+        || {
+            let taken = taken(&sink);
+            let all = taken == produced;
+            async move { all }
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the backlog gone", || async {
+        backlog(&client, "orders").await == 0
+    })
+    .await;
+    let received = sink.received();
+    assert_eq!(received.len(), produced.len(), "no message was sent twice");
+    let batch_sizes = received.iter().map(|r| r.batch).fold(
+        std::collections::BTreeMap::<usize, usize>::new(),
+        |mut sizes, batch| {
+            *sizes.entry(batch).or_default() += 1;
+            sizes
+        },
+    );
+    assert!(
+        batch_sizes.values().all(|&size| size <= 50),
+        "a batch passed batch_max: {batch_sizes:?}"
+    );
+    assert!(
+        batch_sizes.len() < produced.len() / 10,
+        "a flood went out in {} batches for {} messages",
+        batch_sizes.len(),
+        produced.len()
+    );
+    let exported = super::metrics::scrape(&metrics_address);
+    let taken_count = exported.lines().find(|line| {
+        line.starts_with("floret_sink_messages_total{")
+            && line.contains("queue=\"orders\"")
+            && line.contains("outcome=\"ok\"")
+    });
+    assert!(
+        taken_count.is_some_and(|line| line.ends_with(" 1000")),
+        "sink metrics after 1000 taken: {taken_count:?}"
+    );
+    assert!(exported.contains("floret_sink_batch_messages_count "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_messages_end_in_the_dead_letters_and_asked_again_ones_are_taken_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let sink = DevSink::new(DevSinkBehaviour {
+        reject_percent: 10,
+        retry_percent: 20,
+        ..Default::default()
+    });
+    let address = serve(&sink).await;
+    client
+        .set_sink("orders", grpc_sink(&address, 20, 5))
+        .await
+        .unwrap();
+    let produced = produce(&client, "orders", &["a", "b", "c"], 100).await;
+    eventually(Duration::from_secs(60), "the backlog gone", || async {
+        backlog(&client, "orders").await == 0
+    })
+    .await;
+    let received = sink.received();
+    let rejected: BTreeSet<(String, u64)> = received
+        .iter()
+        .filter(|r| r.outcome == Outcome::Reject)
+        .map(|r| (r.message.producer_id.clone(), r.message.sequence))
+        .collect();
+    assert!(
+        received
+            .iter()
+            .all(|r| (r.outcome == Outcome::Reject) == sink.rejects(&r.message)),
+        "the sink rejects the same messages every time"
+    );
+    assert!(
+        !rejected.is_empty(),
+        "10% of 300 messages should include rejected ones"
+    );
+    let dead: BTreeSet<(String, u64)> = client
+        .dead_letters("orders", 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.producer_id, d.sequence))
+        .collect();
+    assert_eq!(
+        dead, rejected,
+        "exactly the rejected messages are dead letters"
+    );
+    let taken = taken(&sink);
+    assert_eq!(
+        taken.union(&rejected).cloned().collect::<BTreeSet<_>>(),
+        produced,
+        "every other message was taken"
+    );
+    assert!(
+        received
+            .iter()
+            .any(|r| r.outcome == Outcome::Retry && r.message.attempt == 1),
+        "some messages were asked for again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_is_down_loses_nothing_and_drains_once_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let sink = DevSink::new(DevSinkBehaviour::default());
+    sink.set_down(true);
+    let address = serve(&sink).await;
+    client
+        .set_sink("orders", grpc_sink(&address, 100, 5))
+        .await
+        .unwrap();
+    let produced = produce(&client, "orders", &["a", "b"], 150).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(sink.received().is_empty());
+    assert_eq!(backlog(&client, "orders").await, 300, "nothing left floret");
+    sink.set_down(false);
+    eventually(
+        Duration::from_secs(30),
+        "every message taken once the sink is back",
+        || {
+            let all = taken(&sink) == produced;
+            async move { all }
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the backlog gone", || async {
+        backlog(&client, "orders").await == 0
+    })
+    .await;
+    assert!(client.dead_letters("orders", 10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let sink = DevSink::new(DevSinkBehaviour::default());
+    let address = serve(&sink).await;
+    let linger = Duration::from_millis(400);
+    client
+        .set_sink("orders", grpc_sink(&address, 100, 400))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let produced_at = Instant::now();
+    produce(&client, "orders", &["lone"], 1).await;
+    eventually(Duration::from_secs(10), "the lone message taken", || {
+        let arrived = !sink.received().is_empty();
+        async move { arrived }
+    })
+    .await;
+    let waited = sink.received()[0].at - produced_at;
+    assert!(
+        waited >= linger - Duration::from_millis(20),
+        "it left after {waited:?}, before the linger"
+    );
+    assert!(client.remove_sink("orders").await.unwrap());
+    assert!(!client.remove_sink("orders").await.unwrap());
+    assert_eq!(client.get_sink("orders").await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    produce(&client, "orders", &["after"], 5).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(sink.received().len(), 1, "the removed sink got more");
+    assert_eq!(backlog(&client, "orders").await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_nobody_could_dial_is_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    for (address, why) in [("ftp://sink:1", "scheme"), ("http://sink", "host and port")] {
+        let refused = client
+            .set_sink("orders", grpc_sink(address, 0, 0))
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains(why), "{address}: {refused}");
+    }
+    let mut too_big = grpc_sink("http://127.0.0.1:1", 20_000, 0);
+    too_big.linger_ms = 1;
+    assert!(
+        client
+            .set_sink("orders", too_big)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("batch_max")
+    );
+    assert_eq!(client.get_sink("orders").await.unwrap(), None);
+    assert!(node.client().serving().await.unwrap());
+}

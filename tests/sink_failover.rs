@@ -1,0 +1,97 @@
+//! A queue's sink on three nodes: every node pumps the shards it leads into
+//! the sink, and when a leader is SIGKILLed mid-stream its shards' messages
+//! reach the sink through the new leaders. Every acknowledged message is
+//! taken; the duplicates around the kill are counted, not lost.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
+use floret_client::{GrpcSink, SinkSpec, sink_spec};
+use floret_proto::sink::v1::Outcome;
+
+use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+use super::{DRAIN_DEADLINE, SHARDS, message};
+
+const PRODUCERS: usize = 12;
+const MESSAGES_PER_PRODUCER: u64 = 300;
+/// What the sink takes a second: slow enough that the kill comes mid-stream.
+const SINK_RATE: u32 = 1_500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_messages_reach_the_sink_through_the_new_leaders() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
+    let sink = DevSink::new(DevSinkBehaviour {
+        rate: Some(SINK_RATE),
+        ..Default::default()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sink.clone().serve(listener));
+    let client = cluster.client_of(&cluster.addresses());
+    client
+        .set_sink(
+            "orders",
+            SinkSpec {
+                target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
+                batch_max: 50,
+                linger_ms: 5,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut acknowledged = BTreeSet::new();
+    for producer in 0..PRODUCERS {
+        let name = format!("p{producer}");
+        let mut sender = client.producer("orders", &name);
+        for first in (0..MESSAGES_PER_PRODUCER).step_by(50) {
+            let batch = (first..first + 50).map(|i| message(&name, i)).collect();
+            sender.send(batch).await.unwrap();
+            acknowledged.extend((first..first + 50).map(|i| (name.clone(), i)));
+        }
+    }
+    eventually(Duration::from_secs(30), "the sink taking messages", || {
+        let started = sink.received().len() >= 500;
+        async move { started }
+    })
+    .await;
+    let victim = cluster.leader_of(0, 1).await;
+    cluster.kill(victim);
+    let survivor = if victim == 1 { 2 } else { 1 };
+    let taken = || -> HashSet<(String, u64)> {
+        sink.received()
+            .into_iter()
+            .filter(|r| r.outcome == Outcome::Ok)
+            .map(|r| {
+                let payload = String::from_utf8(r.message.payload).unwrap();
+                let (producer, counter) = payload.split_once(':').unwrap();
+                (producer.to_owned(), counter.parse().unwrap())
+            })
+            .collect()
+    };
+    eventually(DRAIN_DEADLINE, "every acknowledged message taken", || {
+        let taken = taken();
+        let missing = acknowledged.iter().filter(|m| !taken.contains(m)).count();
+        async move { missing == 0 }
+    })
+    .await;
+    let survivor_client = cluster.client(survivor);
+    eventually(Duration::from_secs(30), "the backlog gone", || async {
+        let stats = survivor_client.queue_stats("orders").await.unwrap();
+        stats.queues.iter().all(|q| q.backlog_messages == 0)
+    })
+    .await;
+    let received = sink.received().len();
+    let duplicates = received - taken().len();
+    eprintln!(
+        "sink failover: {} acknowledged, {received} received, {duplicates} duplicates after killing node {victim}",
+        acknowledged.len()
+    );
+    assert!(
+        duplicates <= 2 * 50 * 8,
+        "more duplicates than the batches a dead leader could hold: {duplicates}"
+    );
+}
