@@ -14,6 +14,7 @@ mod health;
 mod peer_port;
 mod rolling_restart;
 mod sink_failover;
+mod sink_rate;
 mod tenants;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

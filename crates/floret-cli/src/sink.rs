@@ -45,6 +45,9 @@ struct SetArgs {
     /// A batch not answered within this is sent again, ms [10000].
     #[arg(long, default_value_t = 0)]
     timeout_ms: u32,
+    /// Most messages a second the sink gets from the whole cluster [0: no cap].
+    #[arg(long, default_value_t = 0)]
+    rate: u32,
 }
 
 #[derive(clap::Args)]
@@ -73,6 +76,7 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
                 batch_max_bytes: set.batch_max_bytes,
                 linger_ms: set.linger_ms,
                 timeout_ms: set.timeout_ms,
+                rate: set.rate,
             };
             let stored = client.set_sink(&set.queue.queue, sink).await?;
             println!("{}", serde_json::json!({ "stored": sink_json(&stored) }));
@@ -109,6 +113,7 @@ fn sink_json(sink: &SinkSpec) -> serde_json::Value {
         "batch_max_bytes": sink.batch_max_bytes,
         "linger_ms": sink.linger_ms,
         "timeout_ms": sink.timeout_ms,
+        "rate": sink.rate,
     })
 }
 

@@ -364,6 +364,12 @@ pub const METRICS: &[Metric] = &[
         labels: &["queue", "result"],
     },
     Metric {
+        name: "floret_sink_rate_part",
+        kind: MetricKind::Gauge,
+        help: "This node's part of a capped sink's rate, messages/s: summed over the nodes it is the cap.",
+        labels: &["queue"],
+    },
+    Metric {
         name: "floret_sink_batch_seconds",
         kind: MetricKind::Histogram(STEP_SECONDS),
         help: "Calls to a sink that it answered, from sending the batch to its answer.",

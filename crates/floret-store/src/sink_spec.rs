@@ -20,6 +20,8 @@ pub struct SinkSpec {
     pub linger_ms: u32,
     /// A batch the sink has not answered within this is retried, ms.
     pub timeout_ms: u32,
+    /// Most messages a second the sink gets from the whole cluster; 0: no cap.
+    pub rate: u32,
 }
 
 /// The service a sink pushes to.

@@ -191,6 +191,7 @@ impl Node {
         watchers.push(disk_sampler);
         let operations = listeners.operations.take();
         let view = gossip.as_ref().map(|gossip| gossip.view.clone());
+        let sink_weights = sink::LocalSinkWeights::default();
         let parts = NodeParts {
             fault: fault.clone(),
             config: &config,
@@ -201,6 +202,7 @@ impl Node {
             gossip,
             disk,
             tenant_limits,
+            sink_weights: sink_weights.clone(),
         };
         let hand_back = HandBack::new(shards.clone(), proposers.clone(), dispatcher.clone());
         let sink_pumps = sink::PumpParts {
@@ -212,6 +214,8 @@ impl Node {
                 ShardRouter::new(shards.clone(), proposers.clone()),
             ),
             lease_timeout: Duration::from_millis(config.delivery.lease_timeout_ms),
+            shards: shards.clone(),
+            weights: sink_weights,
         };
         let services = parts.services(stopped.clone(), authenticate.clone());
         let mut telemetry = Vec::new();
@@ -231,7 +235,7 @@ impl Node {
             };
             telemetry.push(console::spawn(listener, console, stopped.clone()));
         }
-        watchers.push(sink::spawn(shards.clone(), sink_pumps, stopped.clone()));
+        watchers.push(sink::spawn(sink_pumps, stopped.clone()));
         let server = Server::start(services, listeners, tls.as_ref(), stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
         let rebalancer = has_peers(&shards).then(|| rebalance::spawn(shards.clone()));

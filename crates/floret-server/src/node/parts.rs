@@ -23,6 +23,7 @@ use crate::service::floret::FloretService;
 use crate::service::peer::{PeerService, ThisNode};
 use crate::service::server::Services;
 use crate::settle::Settler;
+use crate::sink::LocalSinkWeights;
 
 /// What the services are built from.
 pub(super) struct NodeParts<'a> {
@@ -40,6 +41,8 @@ pub(super) struct NodeParts<'a> {
     pub(super) disk: DiskRoom,
     /// The tenants' limits over all their producers.
     pub(super) tenant_limits: Arc<TenantLimits>,
+    /// The backlogged weights of this node's sink pumps, for the peers.
+    pub(super) sink_weights: LocalSinkWeights,
 }
 
 impl NodeParts<'_> {
@@ -98,6 +101,7 @@ impl NodeParts<'_> {
                     produce,
                     sources: consumers,
                     admin,
+                    sink_weights: self.sink_weights,
                 },
                 config.raft.max_snapshot_bytes,
                 stopped,

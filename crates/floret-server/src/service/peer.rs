@@ -43,6 +43,7 @@ use crate::produce::ProducePipeline;
 use crate::produce::proposer::Proposers;
 use crate::raft_inputs::{self, SnapshotChunks};
 use crate::request::InvalidRequest;
+use crate::sink::LocalSinkWeights;
 use raft::{answer_bytes, append, may_block, raft_of, undecodable};
 
 mod raft;
@@ -72,6 +73,8 @@ pub struct ThisNode {
     pub sources: fan_in::Sources,
     /// This node's own figures.
     pub admin: Arc<AdminService>,
+    /// The backlogged weights of this node's sink pumps.
+    pub sink_weights: LocalSinkWeights,
 }
 
 impl PeerService {
@@ -429,5 +432,15 @@ impl Peer for PeerService {
             .admin
             .own_replica_policy(request.get_ref())
             .map(Response::new)
+    }
+
+    async fn sink_weight(
+        &self,
+        request: Request<floret_proto::peer::v1::SinkWeightRequest>,
+    ) -> Result<Response<floret_proto::peer::v1::SinkWeightResponse>, Status> {
+        let weight = self.this_node.sink_weights.get(&request.get_ref().queue);
+        Ok(Response::new(floret_proto::peer::v1::SinkWeightResponse {
+            weight,
+        }))
     }
 }

@@ -35,6 +35,11 @@ impl<T> Batcher<T> {
         }
     }
 
+    /// Changes the count a batch closes at (at least 1), from the next item on.
+    pub fn set_batch_max(&mut self, batch_max: usize) {
+        self.batch_max = batch_max.max(1);
+    }
+
     /// Adds `item` of `bytes` that arrived at `now`.
     pub fn push(&mut self, item: T, bytes: u64, now: Instant) {
         if !self.forming.is_empty() && self.forming_bytes + bytes > self.batch_max_bytes {
@@ -45,6 +50,10 @@ impl<T> Batcher<T> {
         }
         self.forming.push(item);
         self.forming_bytes += bytes;
+        self.close_if_full();
+    }
+
+    fn close_if_full(&mut self) {
         if self.forming.len() >= self.batch_max {
             self.close();
         }

@@ -9,23 +9,26 @@
 //! removed, letting its batch at the sink finish.
 //!
 //! - `spec.rs`: a sink as the API sends it, checked, with defaults.
-//! - `batcher.rs`, `backoff.rs`: pure batching and retry waits.
+//! - `batcher.rs`, `backoff.rs`, `rate_split.rs`: pure batching, retry
+//!   waits, and the rate cap's split between nodes and its token bucket.
+//! - `weights.rs`: the backlogged weights the split goes by.
 //! - `target.rs`: the gRPC sink client.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - gRPC sinks only; no AMQP or webhook yet.
-//! - No cluster-wide rate cap or in-flight cap yet.
+//! - No cluster-wide cap on batches in flight yet (one per node and queue).
 //! - A sink change reaches the pumps within [`RECHECK`] plus the time the
 //!   replica read takes to apply it.
 
 mod backoff;
 mod batcher;
 mod pump;
+mod rate_split;
 pub mod spec;
 mod target;
+mod weights;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use floret_cluster::Shards;
@@ -34,6 +37,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use pump::PumpParts;
+pub use weights::LocalSinkWeights;
+
+/// How often a pump with a rate cap asks the other nodes for their weights.
+pub const WEIGHT_POLL: Duration = Duration::from_millis(250);
 
 /// How often the supervisor reads the sinks again.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -47,11 +54,7 @@ struct RunningPump {
 
 /// Starts the node's sink supervisor; it stops its pumps and ends once
 /// `stopped` turns true.
-pub fn spawn(
-    shards: Arc<Shards>,
-    parts: PumpParts,
-    mut stopped: watch::Receiver<bool>,
-) -> JoinHandle<()> {
+pub fn spawn(parts: PumpParts, mut stopped: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut pumps: BTreeMap<String, RunningPump> = BTreeMap::new();
         let mut recheck = tokio::time::interval(RECHECK);
@@ -64,7 +67,7 @@ pub fn spawn(
             if *stopped.borrow() {
                 break;
             }
-            match stored_sinks(&shards) {
+            match stored_sinks(&parts.shards) {
                 Ok(wanted) => follow(&mut pumps, wanted, &parts),
                 Err(error) => tracing::warn!(%error, "cannot read the queues' sinks"),
             }

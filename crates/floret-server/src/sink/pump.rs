@@ -10,18 +10,27 @@
 //! sent again after a back-off, holding its leases, for up to half the
 //! lease timeout; then its messages are handed back and taken again.
 //!
+//! With a rate cap, the pump spends its part of the cap (`rate_split.rs`,
+//! recomputed every [`super::WEIGHT_POLL`] from every node's backlogged
+//! weight; a part grows only after two polls, it shrinks at once) from a
+//! token bucket, cuts its batches to what the bucket holds,
+//! and takes from the dispatcher only two such batches ahead, so the
+//! messages it holds are the next ones in fair order, not a hoard.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - One batch at the sink at a time per node and queue; a second one forms
-//!   meanwhile (the pump's credits are two batches).
-//! - No rate cap yet: a pump sends as fast as its sink answers.
+//!   meanwhile.
 //! - A message handed back after a sink outage counts an attempt, so a
 //!   queue with `max_attempts` dead-letters messages during a long outage.
+//! - Back-off on 429-like answers (AIMD on the sink's capacity) is not built.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use floret_cluster::Shards;
 use floret_proto::sink::v1::SinkMessage;
 use floret_store::SinkSpec;
 use tokio::sync::{mpsc, watch};
@@ -29,10 +38,11 @@ use tokio::time::Instant;
 
 use super::backoff;
 use super::batcher::Batcher;
+use super::rate_split::{TokenBucket, node_rate};
 use super::target::{GrpcTarget, MessageOutcome};
+use super::weights::{self, LocalSinkWeights};
 use crate::deliver::{
-    ConsumerEvent, ConsumerId, Delivered, DispatcherHandle, SettleKind, SettledBy, StreamKey,
-    StreamOwner,
+    ConsumerEvent, Delivered, DispatcherHandle, SettleKind, SettledBy, StreamKey, StreamOwner,
 };
 use crate::settle::Settler;
 
@@ -45,10 +55,32 @@ pub struct PumpParts {
     pub settler: Settler,
     /// How long a delivery stays leased: a batch is held at most half of it.
     pub lease_timeout: Duration,
+    /// The cluster, for the other nodes' weights.
+    pub shards: Arc<Shards>,
+    /// This node's pumps' weights, which the other nodes ask for.
+    pub weights: LocalSinkWeights,
 }
 
-/// A batch being sent and settled; resolves to the credits it gives back now.
-type InFlight = Pin<Box<dyn Future<Output = u32> + Send>>;
+/// A batch being sent and settled; resolves to how many of its messages
+/// wait to be handed back after a back-off.
+type InFlight = Pin<Box<dyn Future<Output = usize> + Send>>;
+
+/// The messages a pump holds: taken from the dispatcher and not yet settled.
+#[derive(Default)]
+struct Held {
+    /// In the batcher, or waiting for tokens.
+    waiting: usize,
+    /// At the sink.
+    in_flight: usize,
+    /// Asked for again, waiting for their back-off to hand them back.
+    handing_back: usize,
+}
+
+impl Held {
+    fn total(&self) -> usize {
+        self.waiting + self.in_flight + self.handing_back
+    }
+}
 
 /// Pumps `queue` into `sink` until `stop` turns true (or its sender goes):
 /// the batch at the sink is finished and settled first.
@@ -67,63 +99,167 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
         stream: StreamKey::random(),
     };
     let (events, mut deliveries) = mpsc::unbounded_channel();
-    let credits = sink.batch_max.saturating_mul(2);
+    let (handed_back, mut handed_back_counts) = mpsc::unbounded_channel();
+    let (rate_known, mut rate_changes) = watch::channel(None::<f64>);
+    let rate_poll = (sink.rate > 0).then(|| {
+        tokio::spawn(follow_rate(
+            queue.clone(),
+            f64::from(sink.rate),
+            parts.clone(),
+            rate_known,
+        ))
+    });
+    let mut bucket = (sink.rate > 0).then(|| {
+        let even = f64::from(sink.rate) / parts.shards.peers().node_ids().len().max(1) as f64;
+        TokenBucket::new(even, std::time::Instant::now())
+    });
+    let batch_limit = |bucket: &Option<TokenBucket>| {
+        let limit = sink.batch_max as usize;
+        bucket
+            .as_ref()
+            .map_or(limit, |b| limit.min(b.batch_limit()))
+    };
+    let mut unused_credits = 2 * batch_limit(&bucket);
     let Ok(consumer) = parts
         .dispatcher
-        .subscribe(queue.clone(), credits, events, false, owner.clone())
+        .subscribe(
+            queue.clone(),
+            unused_credits as u32,
+            events,
+            false,
+            owner.clone(),
+        )
         .await
     else {
         return;
     };
-    tracing::info!(%queue, %address, batch_max = sink.batch_max, linger_ms = sink.linger_ms, "pumping the queue into its sink");
+    tracing::info!(%queue, %address, batch_max = sink.batch_max, linger_ms = sink.linger_ms, rate = sink.rate, "pumping the queue into its sink");
     let sender = BatchSender {
         queue: queue.clone(),
         target,
         parts: parts.clone(),
-        consumer,
         by: SettledBy::Stream(owner),
+        handed_back,
     };
     let mut batcher = Batcher::new(
-        sink.batch_max as usize,
+        batch_limit(&bucket),
         sink.batch_max_bytes,
         Duration::from_millis(u64::from(sink.linger_ms)),
     );
+    let mut held = Held::default();
     let mut in_flight: Option<InFlight> = None;
+    let mut next: Option<Vec<Delivered>> = None;
+    let mut tokens_at: Option<std::time::Instant> = None;
     loop {
-        let linger_ends = batcher.deadline().filter(|_| in_flight.is_none());
+        let wake = if in_flight.is_some() {
+            None
+        } else if next.is_some() {
+            tokens_at
+        } else {
+            batcher.deadline()
+        };
         tokio::select! {
             event = deliveries.recv() => match event {
                 Some(ConsumerEvent::Delivery(delivered)) => {
+                    unused_credits = unused_credits.saturating_sub(1);
+                    held.waiting += 1;
                     let bytes = delivered.message.payload.len() as u64;
                     batcher.push(*delivered, bytes, std::time::Instant::now());
                 }
-                Some(ConsumerEvent::Settled(_) | ConsumerEvent::Backlog(_)) => {}
+                Some(ConsumerEvent::Backlog(report)) => parts.weights.set(&queue, report.weight),
+                Some(ConsumerEvent::Settled(_)) => {}
                 None => break,
             },
-            returned = settled(&mut in_flight) => {
+            asked_again = settled(&mut in_flight) => {
                 in_flight = None;
-                if parts.dispatcher.credit(consumer, returned).is_err() {
-                    break;
+                held.in_flight = 0;
+                held.handing_back += asked_again;
+            }
+            Some(count) = handed_back_counts.recv() => {
+                held.handing_back = held.handing_back.saturating_sub(count);
+            }
+            Ok(()) = rate_changes.changed() => {
+                if let (Some(bucket), Some(rate)) = (bucket.as_mut(), *rate_changes.borrow()) {
+                    bucket.set_rate(rate, std::time::Instant::now());
+                    batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
                 }
             }
-            () = sleep_until(linger_ends), if linger_ends.is_some() => {}
+            () = sleep_until(wake), if wake.is_some() => {}
             _ = stop.changed() => break,
         }
-        if in_flight.is_none()
-            && let Some(batch) = batcher.take(std::time::Instant::now())
-        {
-            in_flight = Some(Box::pin(sender.clone().send_and_settle(batch)));
+        if in_flight.is_none() {
+            let now = std::time::Instant::now();
+            if next.is_none() {
+                next = batcher.take(now);
+            }
+            if let Some(batch) = next.take() {
+                match bucket.as_mut().map_or(Ok(()), |b| b.take(batch.len(), now)) {
+                    Ok(()) => {
+                        tokens_at = None;
+                        held.waiting -= batch.len();
+                        held.in_flight = batch.len();
+                        in_flight = Some(Box::pin(sender.clone().send_and_settle(batch)));
+                    }
+                    Err(ready) => {
+                        tokens_at = Some(ready);
+                        next = Some(batch);
+                    }
+                }
+            }
+        }
+        let wanted = (2 * batch_limit(&bucket)).saturating_sub(held.total());
+        if wanted != unused_credits {
+            let granted = if wanted > unused_credits {
+                parts
+                    .dispatcher
+                    .credit(consumer, (wanted - unused_credits) as u32)
+            } else {
+                parts.dispatcher.set_credits(consumer, wanted as u32)
+            };
+            if granted.is_err() {
+                break;
+            }
+            unused_credits = wanted;
         }
     }
     if let Some(batch) = in_flight {
         batch.await;
     }
+    if let Some(rate_poll) = rate_poll {
+        rate_poll.abort();
+    }
+    parts.weights.forget(&queue);
     parts.dispatcher.consumer_gone(consumer);
     tracing::info!(%queue, "stopped pumping the queue into its sink");
 }
 
+/// Recomputes this node's part of `cap` every [`super::WEIGHT_POLL`] and
+/// publishes the smallest of the last [`PARTS_REMEMBERED`] parts (starting
+/// from an even part), so a part grows only after the other nodes have had
+/// two polls to see why and shrink theirs.
+async fn follow_rate(queue: String, cap: f64, parts: PumpParts, rate: watch::Sender<Option<f64>>) {
+    let mut poll = tokio::time::interval(super::WEIGHT_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let even = cap / parts.shards.peers().node_ids().len().max(1) as f64;
+    let mut recent: VecDeque<f64> = std::iter::repeat_n(even, PARTS_REMEMBERED).collect();
+    loop {
+        poll.tick().await;
+        let others = weights::others(&parts.shards, &queue).await;
+        recent.pop_front();
+        recent.push_back(node_rate(cap, parts.weights.get(&queue), &others));
+        let used = recent.iter().copied().fold(f64::INFINITY, f64::min);
+        metrics::gauge!("floret_sink_rate_part", "queue" => queue.clone()).set(used);
+        if rate.send(Some(used)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Parts a pump takes the smallest of.
+const PARTS_REMEMBERED: usize = 3;
+
 /// Waits for the batch in flight; never resolves without one.
-async fn settled(in_flight: &mut Option<InFlight>) -> u32 {
+async fn settled(in_flight: &mut Option<InFlight>) -> usize {
     match in_flight {
         Some(batch) => batch.await,
         None => std::future::pending().await,
@@ -143,15 +279,17 @@ struct BatchSender {
     queue: String,
     target: GrpcTarget,
     parts: PumpParts,
-    consumer: ConsumerId,
     by: SettledBy,
+    /// Told how many messages asked for again have been handed back.
+    handed_back: mpsc::UnboundedSender<usize>,
 }
 
 impl BatchSender {
-    /// Sends `batch` (again after failures, while its leases are young),
-    /// settles it by the sink's answers, and resolves to the credits that
-    /// come back at once (messages handed back later credit themselves).
-    async fn send_and_settle(self, batch: Vec<Delivered>) -> u32 {
+    /// Sends `batch` (again after failures, while its leases are young) and
+    /// settles it by the sink's answers; resolves to how many messages the
+    /// sink asked for again, which are handed back after a back-off (and
+    /// then counted on `handed_back`).
+    async fn send_and_settle(self, batch: Vec<Delivered>) -> usize {
         let started = Instant::now();
         let hold_at_most = self.parts.lease_timeout / 2;
         let ids: Vec<String> = batch.iter().map(|d| d.ticket.to_string()).collect();
@@ -176,7 +314,7 @@ impl BatchSender {
                     if started.elapsed() + wait >= hold_at_most {
                         tracing::warn!(queue = %self.queue, %error, failures, messages = ids.len(), "the sink did not take the batch; its messages are handed back");
                         self.settle(SettleKind::Nack, ids.clone()).await;
-                        return ids.len() as u32;
+                        return 0;
                     }
                     tracing::warn!(queue = %self.queue, %error, failures, retry_in_ms = wait.as_millis() as u64, "the sink did not take the batch; sending it again");
                     tokio::time::sleep(wait).await;
@@ -207,21 +345,20 @@ impl BatchSender {
             metrics::counter!("floret_sink_messages_total", "queue" => self.queue.clone(), "outcome" => outcome)
                 .increment(count as u64);
         }
-        let settled_now = (taken.len() + rejected.len()) as u32;
+        let asked_again = again.len();
         if !again.is_empty() {
             let later = self.clone();
             tokio::spawn(async move {
-                let count = again.len() as u32;
                 tokio::time::sleep(backoff::wait(most_attempts, backoff::jitter())).await;
                 later.settle(SettleKind::Nack, again).await;
-                let _stopping = later.parts.dispatcher.credit(later.consumer, count);
+                let _pump_gone = later.handed_back.send(asked_again);
             });
         }
         tokio::join!(
             self.settle(SettleKind::Ack, taken),
             self.settle(SettleKind::DeadLetter, rejected),
         );
-        settled_now
+        asked_again
     }
 
     async fn settle(&self, kind: SettleKind, ids: Vec<String>) {

@@ -20,6 +20,8 @@ pub const DEFAULT_LINGER_MS: u32 = 5;
 pub const MAX_LINGER_MS: u32 = 60_000;
 /// A batch's timeout when the request leaves it at zero, ms.
 pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+/// The highest rate cap, messages/s.
+pub const MAX_RATE: u32 = 1_000_000;
 /// Shortest and longest timeout of a batch, ms.
 pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
 
@@ -65,12 +67,19 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
             "timeout_ms {timeout_ms} is outside {TIMEOUT_RANGE_MS:?}"
         )));
     }
+    if wire.rate > MAX_RATE {
+        return Err(Status::invalid_argument(format!(
+            "rate {} is over {MAX_RATE} messages/s",
+            wire.rate
+        )));
+    }
     Ok(SinkSpec {
         target,
         batch_max,
         batch_max_bytes,
         linger_ms,
         timeout_ms,
+        rate: wire.rate,
     })
 }
 
@@ -85,6 +94,7 @@ pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
         batch_max_bytes: sink.batch_max_bytes,
         linger_ms: sink.linger_ms,
         timeout_ms: sink.timeout_ms,
+        rate: sink.rate,
     }
 }
 

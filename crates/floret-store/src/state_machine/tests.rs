@@ -393,6 +393,7 @@ fn grpc_sink(address: &str) -> SinkSpec {
         batch_max_bytes: 1 << 20,
         linger_ms: 5,
         timeout_ms: 10_000,
+        rate: 0,
     }
 }
 

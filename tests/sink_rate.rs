@@ -1,0 +1,126 @@
+//! A sink's rate cap on three nodes: the cap is for the whole cluster, so
+//! no second at the sink gets more than the cap (plus the 2% burst), and it
+//! is split between the nodes by their backlogged weight, so the
+//! producers, whichever node leads them, get even shares of the sink.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
+use floret_client::{GrpcSink, SinkSpec, sink_spec};
+
+use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+use super::{DRAIN_DEADLINE, SHARDS, message};
+
+const PRODUCERS: usize = 12;
+const MESSAGES_PER_PRODUCER: u64 = 500;
+/// The sink's cap, messages/s for the whole cluster.
+const CAP: u32 = 600;
+/// Most messages any one second at the sink may get.
+const MOST_IN_A_SECOND: usize = (CAP as usize) * 105 / 100;
+
+/// Jain's index of `shares`.
+fn jain(shares: &[f64]) -> f64 {
+    let sum: f64 = shares.iter().sum();
+    let squares: f64 = shares.iter().map(|s| s * s).sum();
+    sum * sum / (shares.len() as f64 * squares)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_sink_gets_no_more_than_its_cap_and_even_shares_per_producer() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let root = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
+    let sink = DevSink::new(DevSinkBehaviour::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sink.clone().serve(listener));
+    let client = cluster.client_of(&cluster.addresses());
+    client
+        .set_sink(
+            "orders",
+            SinkSpec {
+                target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
+                rate: CAP,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut senders = Vec::new();
+    for producer in 0..PRODUCERS {
+        let name = format!("p{producer:02}");
+        let mut sender = client.producer("orders", &name);
+        for first in (0..MESSAGES_PER_PRODUCER).step_by(100) {
+            let batch = (first..first + 100).map(|i| message(&name, i)).collect();
+            sender.send(batch).await.unwrap();
+        }
+        senders.push(sender);
+    }
+    let total = PRODUCERS * MESSAGES_PER_PRODUCER as usize;
+    eventually(DRAIN_DEADLINE, "every message at the sink", || {
+        let all = sink.received().len() >= total;
+        async move { all }
+    })
+    .await;
+    let received = sink.received();
+    let started = received[0].at;
+    let arrivals: Vec<(Duration, &str)> = received
+        .iter()
+        .map(|r| (r.at - started, r.message.producer_id.as_str()))
+        .collect();
+    let last = arrivals.last().unwrap().0;
+    let mut busiest = (0, Duration::ZERO);
+    let mut from = Duration::ZERO;
+    while from + Duration::from_secs(1) <= last {
+        let in_window = arrivals
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < from + Duration::from_secs(1))
+            .count();
+        if in_window > busiest.0 {
+            busiest = (in_window, from);
+        }
+        from += Duration::from_millis(100);
+    }
+    assert!(
+        busiest.0 <= MOST_IN_A_SECOND,
+        "{} messages in the second from {:?} at a cap of {CAP}",
+        busiest.0,
+        busiest.1
+    );
+    let drained_in = last.as_secs_f64();
+    assert!(
+        drained_in < total as f64 / f64::from(CAP) * 1.5,
+        "{total} messages took {drained_in:.1} s at a cap of {CAP}/s"
+    );
+    let first_done = arrivals
+        .iter()
+        .fold(
+            BTreeMap::<&str, Duration>::new(),
+            |mut done, (at, producer)| {
+                done.insert(producer, *at);
+                done
+            },
+        )
+        .into_values()
+        .min()
+        .unwrap();
+    let mut counts = BTreeMap::<&str, f64>::new();
+    for (at, producer) in &arrivals {
+        if *at >= Duration::from_secs(1) && *at < first_done {
+            *counts.entry(producer).or_default() += 1.0;
+        }
+    }
+    let shares: Vec<f64> = counts.values().copied().collect();
+    eprintln!(
+        "sink rate: busiest second {} at a cap of {CAP}; drained {total} in {drained_in:.1} s; per producer while all were backlogged {counts:?} (Jain {:.3})",
+        busiest.0,
+        jain(&shares)
+    );
+    assert_eq!(shares.len(), PRODUCERS, "every producer was served");
+    assert!(
+        jain(&shares) >= 0.95,
+        "shares per producer {counts:?}: Jain {}",
+        jain(&shares)
+    );
+}
