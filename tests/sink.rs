@@ -2,12 +2,21 @@
 //! leave floret only once the sink took them; rejected ones end in the dead
 //! letters, asked-again ones come back, a sink that is down loses nothing,
 //! a lone message waits the linger, and a removed sink gets nothing more.
+//! A webhook sink gets JSON batches and is waited for when it answers 429.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
-use floret_client::{Client, GrpcSink, Message, SinkSpec, sink_spec};
+use floret_client::{Client, GrpcSink, Message, SinkSpec, WebhookSink, sink_spec};
 use floret_proto::sink::v1::Outcome;
 
 use super::harness::{FloretProcess, eventually};
@@ -291,4 +300,101 @@ async fn a_sink_nobody_could_dial_is_refused_clearly() {
     );
     assert_eq!(client.get_sink("orders").await.unwrap(), None);
     assert!(node.client().serving().await.unwrap());
+}
+
+/// What the test webhook got: when each POST came, and its JSON.
+type Posts = Arc<Mutex<Vec<(Instant, serde_json::Value)>>>;
+
+/// Answers the first POST 429 with `Retry-After: 1`, then takes every
+/// message but those whose sequence ends in 3, which it rejects.
+async fn webhook(State(posts): State<Posts>, body: Bytes) -> Response {
+    let batch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let first = {
+        let mut posts = posts.lock().unwrap();
+        posts.push((Instant::now(), batch.clone()));
+        posts.len() == 1
+    };
+    if first {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "1")],
+            "slow down",
+        )
+            .into_response();
+    }
+    let results: Vec<serde_json::Value> = batch["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m["sequence"].as_u64().unwrap() % 10 {
+            3 => serde_json::json!({ "outcome": "reject", "reason": "ends in 3" }),
+            _ => serde_json::json!({ "outcome": "ok" }),
+        })
+        .collect();
+    (
+        [("content-type", "application/json")],
+        serde_json::json!({ "results": results }).to_string(),
+    )
+        .into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_sink_honours_retry_after_and_rejects_what_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    let posts = Posts::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/in", listener.local_addr().unwrap());
+    let app = Router::new()
+        .route("/in", post(webhook))
+        .with_state(posts.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    client
+        .set_sink(
+            "orders",
+            SinkSpec {
+                target: Some(sink_spec::Target::Webhook(WebhookSink { url })),
+                batch_max: 30,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let produced = produce(&client, "orders", &["a", "b"], 50).await;
+    eventually(Duration::from_secs(30), "the backlog gone", || async {
+        backlog(&client, "orders").await == 0
+    })
+    .await;
+    let posts = posts.lock().unwrap().clone();
+    assert!(
+        posts[1].0 - posts[0].0 >= Duration::from_millis(950),
+        "sent again {:?} after a 429 with Retry-After: 1",
+        posts[1].0 - posts[0].0
+    );
+    let mut taken = BTreeSet::new();
+    for (_, batch) in &posts[1..] {
+        for m in batch["messages"].as_array().unwrap() {
+            let name = (
+                m["producer_id"].as_str().unwrap().to_owned(),
+                m["sequence"].as_u64().unwrap(),
+            );
+            let payload = base64::engine::general_purpose::STANDARD
+                .decode(m["payload"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(payload, format!("{}-{}", name.0, name.1).into_bytes());
+            taken.insert(name);
+        }
+    }
+    assert_eq!(taken, produced, "every message was posted");
+    let rejected: BTreeSet<(String, u64)> =
+        produced.into_iter().filter(|(_, s)| s % 10 == 3).collect();
+    let dead: BTreeSet<(String, u64)> = client
+        .dead_letters("orders", 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.producer_id, d.sequence))
+        .collect();
+    assert_eq!(dead, rejected);
 }

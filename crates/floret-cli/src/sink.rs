@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
-use floret_client::{GrpcSink, SinkSpec, sink_spec};
+use floret_client::{GrpcSink, SinkSpec, WebhookSink, sink_spec};
 
 use crate::QueueTarget;
 
@@ -16,7 +16,8 @@ pub struct SinkArgs {
 
 #[derive(clap::Subcommand)]
 enum SinkCommand {
-    /// Push the queue's messages into a sink (replacing its sink, if any).
+    /// Push the queue's messages into a sink, a gRPC service or a webhook
+    /// (replacing its sink, if any).
     Set(SetArgs),
     /// Show the queue's sink.
     Get(QueueTarget),
@@ -31,8 +32,11 @@ struct SetArgs {
     #[command(flatten)]
     queue: QueueTarget,
     /// A floret.sink.v1.Sink gRPC service: http://host:port.
+    #[arg(long, required_unless_present = "webhook", conflicts_with = "webhook")]
+    grpc: Option<String>,
+    /// An HTTP endpoint POSTed a JSON batch: http://host:port/path.
     #[arg(long)]
-    grpc: String,
+    webhook: Option<String>,
     /// A batch closes at this many messages [100].
     #[arg(long, default_value_t = 0)]
     batch_max: u32,
@@ -71,7 +75,12 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
         SinkCommand::Set(set) => {
             let client = crate::dial(&set.queue.addr)?;
             let sink = SinkSpec {
-                target: Some(sink_spec::Target::Grpc(GrpcSink { address: set.grpc })),
+                target: Some(match (set.grpc, set.webhook) {
+                    (Some(address), _) => sink_spec::Target::Grpc(GrpcSink { address }),
+                    (None, url) => sink_spec::Target::Webhook(WebhookSink {
+                        url: url.unwrap_or_default(),
+                    }),
+                }),
                 batch_max: set.batch_max,
                 batch_max_bytes: set.batch_max_bytes,
                 linger_ms: set.linger_ms,
@@ -105,6 +114,7 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
 fn sink_json(sink: &SinkSpec) -> serde_json::Value {
     let target = match &sink.target {
         Some(sink_spec::Target::Grpc(grpc)) => serde_json::json!({ "grpc": grpc.address }),
+        Some(sink_spec::Target::Webhook(webhook)) => serde_json::json!({ "webhook": webhook.url }),
         None => serde_json::Value::Null,
     };
     serde_json::json!({

@@ -54,7 +54,7 @@ pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
     AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, GrpcSink,
     Message, Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome, SinkSpec,
-    sink_spec,
+    WebhookSink, sink_spec,
 };
 pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 

@@ -32,6 +32,11 @@ pub enum SinkTarget {
         /// The service's address.
         address: String,
     },
+    /// An HTTP endpoint POSTed a JSON batch (`http://host:port/path`).
+    Webhook {
+        /// The endpoint.
+        url: String,
+    },
 }
 
 /// A sink set on a queue, or removed from it (`sink` None).

@@ -12,10 +12,10 @@
 //! - `batcher.rs`, `backoff.rs`, `rate_split.rs`: pure batching, retry
 //!   waits, and the rate cap's split between nodes and its token bucket.
 //! - `weights.rs`: the backlogged weights the split goes by.
-//! - `target.rs`: the gRPC sink client.
+//! - `target.rs`, `webhook.rs`: the gRPC and HTTP sink clients.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - gRPC sinks only; no AMQP or webhook yet.
+//! - gRPC and webhook sinks; no AMQP yet.
 //! - No cluster-wide cap on batches in flight yet (one per node and queue).
 //! - A sink change reaches the pumps within [`RECHECK`] plus the time the
 //!   replica read takes to apply it.
@@ -26,6 +26,7 @@ mod pump;
 mod rate_split;
 pub mod spec;
 mod target;
+mod webhook;
 mod weights;
 
 use std::collections::BTreeMap;

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use super::backoff;
 use super::batcher::Batcher;
 use super::rate_split::{TokenBucket, node_rate};
-use super::target::{GrpcTarget, MessageOutcome};
+use super::target::{MessageOutcome, Target};
 use super::weights::{self, LocalSinkWeights};
 use crate::deliver::{
     ConsumerEvent, Delivered, DispatcherHandle, SettleKind, SettledBy, StreamKey, StreamOwner,
@@ -85,9 +85,8 @@ impl Held {
 /// Pumps `queue` into `sink` until `stop` turns true (or its sender goes):
 /// the batch at the sink is finished and settled first.
 pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watch::Receiver<bool>) {
-    let floret_store::SinkTarget::Grpc { address } = &sink.target;
     let timeout = Duration::from_millis(u64::from(sink.timeout_ms));
-    let target = match GrpcTarget::new(address, timeout) {
+    let target = match Target::new(&sink.target, timeout) {
         Ok(target) => target,
         Err(error) => {
             tracing::error!(%queue, %error, "the sink cannot be dialled; not pumping");
@@ -133,7 +132,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
     else {
         return;
     };
-    tracing::info!(%queue, %address, batch_max = sink.batch_max, linger_ms = sink.linger_ms, rate = sink.rate, "pumping the queue into its sink");
+    tracing::info!(%queue, target = ?sink.target, batch_max = sink.batch_max, linger_ms = sink.linger_ms, rate = sink.rate, "pumping the queue into its sink");
     let sender = BatchSender {
         queue: queue.clone(),
         target,
@@ -277,7 +276,7 @@ async fn sleep_until(deadline: Option<std::time::Instant>) {
 #[derive(Clone)]
 struct BatchSender {
     queue: String,
-    target: GrpcTarget,
+    target: Target,
     parts: PumpParts,
     by: SettledBy,
     /// Told how many messages asked for again have been handed back.
@@ -299,7 +298,7 @@ impl BatchSender {
         metrics::histogram!("floret_sink_batch_messages").record(messages.len() as f64);
         let outcomes = loop {
             let sent_at = Instant::now();
-            let answer = self.target.deliver(messages.clone()).await;
+            let answer = self.target.deliver(&messages).await;
             let result = if answer.is_ok() { "answered" } else { "failed" };
             metrics::counter!("floret_sink_batches_total", "queue" => self.queue.clone(), "result" => result).increment(1);
             match answer {
@@ -310,7 +309,8 @@ impl BatchSender {
                 }
                 Err(error) => {
                     failures += 1;
-                    let wait = backoff::wait(failures, backoff::jitter());
+                    let wait = backoff::wait(failures, backoff::jitter())
+                        .max(error.retry_after().unwrap_or_default());
                     if started.elapsed() + wait >= hold_at_most {
                         tracing::warn!(queue = %self.queue, %error, failures, messages = ids.len(), "the sink did not take the batch; its messages are handed back");
                         self.settle(SettleKind::Nack, ids.clone()).await;

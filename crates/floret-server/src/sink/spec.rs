@@ -31,11 +31,14 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
     let wire = wire.ok_or_else(|| Status::invalid_argument("sink is missing"))?;
     let target = match wire.target {
         Some(v1::sink_spec::Target::Grpc(grpc)) => SinkTarget::Grpc {
-            address: grpc_address(&grpc.address)?,
+            address: http_uri("grpc sink address", &grpc.address, "http://host:port")?,
+        },
+        Some(v1::sink_spec::Target::Webhook(webhook)) => SinkTarget::Webhook {
+            url: http_uri("webhook url", &webhook.url, "http://host:port/path")?,
         },
         None => {
             return Err(Status::invalid_argument(
-                "sink has no target: set grpc { address }",
+                "sink has no target: set grpc { address } or webhook { url }",
             ));
         }
     };
@@ -87,6 +90,7 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
 pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
     let target = match sink.target {
         SinkTarget::Grpc { address } => v1::sink_spec::Target::Grpc(v1::GrpcSink { address }),
+        SinkTarget::Webhook { url } => v1::sink_spec::Target::Webhook(v1::WebhookSink { url }),
     };
     v1::SinkSpec {
         target: Some(target),
@@ -98,13 +102,10 @@ pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
     }
 }
 
-/// `address` if it is an `http://host:port` URI a channel can dial.
-fn grpc_address(address: &str) -> Result<String, Status> {
-    let refuse = |why: &str| {
-        Status::invalid_argument(format!(
-            "grpc sink address {address:?} {why}: give http://host:port"
-        ))
-    };
+/// `address` if it is an `http://` URI with a host and a port.
+fn http_uri(what: &str, address: &str, shape: &str) -> Result<String, Status> {
+    let refuse =
+        |why: &str| Status::invalid_argument(format!("{what} {address:?} {why}: give {shape}"));
     let uri: tonic::transport::Uri = address.parse().map_err(|_| refuse("is not a URI"))?;
     match uri.scheme_str() {
         Some("http") => {}
@@ -156,6 +157,18 @@ mod tests {
                 refused.message()
             );
         }
+        let webhook = v1::SinkSpec {
+            target: Some(v1::sink_spec::Target::Webhook(v1::WebhookSink {
+                url: "sink:80/in".into(),
+            })),
+            ..Default::default()
+        };
+        assert!(
+            from_wire(Some(webhook))
+                .unwrap_err()
+                .message()
+                .contains("webhook url")
+        );
         let no_target = from_wire(Some(v1::SinkSpec::default())).unwrap_err();
         assert!(no_target.message().contains("no target"));
     }

@@ -1,14 +1,18 @@
-//! The services a pump pushes batches to; a `floret.sink.v1.Sink` gRPC
-//! service today.
+//! The services a pump pushes batches to: a `floret.sink.v1.Sink` gRPC
+//! service, or an HTTP webhook (`webhook.rs`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Plain `http://` only: no TLS to the sink yet.
-//! - A batch is copied for each call, so that a failed call can be sent again.
+//! - A gRPC batch is copied for each call, so that a failed call can be
+//!   sent again.
 
 use std::time::Duration;
 
 use floret_proto::sink::v1::{self as wire, sink_client::SinkClient};
+use floret_store::SinkTarget;
 use tonic::transport::{Channel, Endpoint};
+
+use super::webhook::WebhookTarget;
 
 /// What the sink said about one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +39,56 @@ pub enum DeliverError {
         /// Messages sent.
         messages: usize,
     },
+    /// A webhook answered 429 or 5xx.
+    #[error("the webhook answered HTTP {status}")]
+    Refused {
+        /// The status.
+        status: u16,
+        /// How long it asked to wait (`Retry-After`, in seconds).
+        retry_after: Option<Duration>,
+    },
+}
+
+impl DeliverError {
+    /// How long the sink asked to wait before the batch is sent again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Refused { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// Where a pump's batches go.
+#[derive(Clone)]
+pub enum Target {
+    /// A gRPC `Sink` service.
+    Grpc(GrpcTarget),
+    /// An HTTP webhook.
+    Webhook(Box<WebhookTarget>),
+}
+
+impl Target {
+    /// The target `sink` names, each call bounded by `timeout`.
+    pub fn new(sink: &SinkTarget, timeout: Duration) -> Result<Self, String> {
+        match sink {
+            SinkTarget::Grpc { address } => GrpcTarget::new(address, timeout).map(Self::Grpc),
+            SinkTarget::Webhook { url } => {
+                WebhookTarget::new(url, timeout).map(|webhook| Self::Webhook(Box::new(webhook)))
+            }
+        }
+    }
+
+    /// Sends `messages` as one batch; one outcome per message, in order.
+    pub async fn deliver(
+        &self,
+        messages: &[wire::SinkMessage],
+    ) -> Result<Vec<MessageOutcome>, DeliverError> {
+        match self {
+            Self::Grpc(grpc) => grpc.deliver(messages.to_vec()).await,
+            Self::Webhook(webhook) => webhook.deliver(messages).await,
+        }
+    }
 }
 
 /// A gRPC sink, dialled lazily (and again after a failure) by tonic.
