@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
-use floret_client::{GrpcSink, SinkSpec, WebhookSink, sink_spec};
+use floret_client::{AmqpSink, GrpcSink, SinkSpec, WebhookSink, sink_spec};
 
 use crate::QueueTarget;
 
@@ -28,15 +28,25 @@ enum SinkCommand {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(false)))]
 struct SetArgs {
     #[command(flatten)]
     queue: QueueTarget,
     /// A floret.sink.v1.Sink gRPC service: http://host:port.
-    #[arg(long, required_unless_present = "webhook", conflicts_with = "webhook")]
+    #[arg(long, group = "target")]
     grpc: Option<String>,
     /// An HTTP endpoint POSTed a JSON batch: http://host:port/path.
-    #[arg(long)]
+    #[arg(long, group = "target")]
     webhook: Option<String>,
+    /// An AMQP 0.9.1 broker (RabbitMQ): amqp://user:password@host:port/vhost.
+    #[arg(long, group = "target")]
+    amqp: Option<String>,
+    /// With --amqp: the exchange ("" is the default one, which routes by queue name).
+    #[arg(long, default_value = "")]
+    exchange: String,
+    /// With --amqp: the routing key; {producer}, {tenant} and {queue} are replaced.
+    #[arg(long, default_value = "")]
+    routing_key: String,
     /// A batch closes at this many messages [100].
     #[arg(long, default_value_t = 0)]
     batch_max: u32,
@@ -75,11 +85,15 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
         SinkCommand::Set(set) => {
             let client = crate::dial(&set.queue.addr)?;
             let sink = SinkSpec {
-                target: Some(match (set.grpc, set.webhook) {
-                    (Some(address), _) => sink_spec::Target::Grpc(GrpcSink { address }),
-                    (None, url) => sink_spec::Target::Webhook(WebhookSink {
-                        url: url.unwrap_or_default(),
+                target: Some(match (set.grpc, set.webhook, set.amqp) {
+                    (Some(address), _, _) => sink_spec::Target::Grpc(GrpcSink { address }),
+                    (None, Some(url), _) => sink_spec::Target::Webhook(WebhookSink { url }),
+                    (None, None, Some(uri)) => sink_spec::Target::Amqp(AmqpSink {
+                        uri,
+                        exchange: set.exchange,
+                        routing_key: set.routing_key,
                     }),
+                    (None, None, None) => anyhow::bail!("give --grpc, --webhook or --amqp"),
                 }),
                 batch_max: set.batch_max,
                 batch_max_bytes: set.batch_max_bytes,
@@ -115,6 +129,9 @@ fn sink_json(sink: &SinkSpec) -> serde_json::Value {
     let target = match &sink.target {
         Some(sink_spec::Target::Grpc(grpc)) => serde_json::json!({ "grpc": grpc.address }),
         Some(sink_spec::Target::Webhook(webhook)) => serde_json::json!({ "webhook": webhook.url }),
+        Some(sink_spec::Target::Amqp(amqp)) => serde_json::json!({
+            "amqp": amqp.uri, "exchange": amqp.exchange, "routing_key": amqp.routing_key
+        }),
         None => serde_json::Value::Null,
     };
     serde_json::json!({

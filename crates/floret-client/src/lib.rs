@@ -52,9 +52,9 @@ pub use coalesce::ProduceCoalescing;
 use consumer::ConsumeNode;
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
-    AckResponse, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse, GrpcSink,
-    Message, Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome, SinkSpec,
-    WebhookSink, sink_spec,
+    AckResponse, AmqpSink, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse,
+    GrpcSink, Message, Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome,
+    SinkSpec, WebhookSink, sink_spec,
 };
 pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 

@@ -37,6 +37,16 @@ pub enum SinkTarget {
         /// The endpoint.
         url: String,
     },
+    /// An AMQP 0.9.1 broker, published to with publisher confirms.
+    Amqp {
+        /// `amqp://user:password@host:port/vhost`.
+        uri: String,
+        /// The exchange ("": the default one).
+        exchange: String,
+        /// The routing key, with `{producer}`, `{tenant}` and `{queue}`
+        /// replaced by the message's.
+        routing_key: String,
+    },
 }
 
 /// A sink set on a queue, or removed from it (`sink` None).

@@ -12,14 +12,15 @@
 //! - `batcher.rs`, `backoff.rs`, `rate_split.rs`: pure batching, retry
 //!   waits, and the rate cap's split between nodes and its token bucket.
 //! - `weights.rs`: the backlogged weights the split goes by.
-//! - `target.rs`, `webhook.rs`: the gRPC and HTTP sink clients.
+//! - `target.rs`, `webhook.rs`, `amqp.rs`: the gRPC, HTTP and AMQP sink
+//!   clients.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - gRPC and webhook sinks; no AMQP yet.
 //! - No cluster-wide cap on batches in flight yet (one per node and queue).
 //! - A sink change reaches the pumps within [`RECHECK`] plus the time the
 //!   replica read takes to apply it.
 
+mod amqp;
 mod backoff;
 mod batcher;
 mod pump;

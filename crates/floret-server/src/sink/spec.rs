@@ -36,9 +36,10 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
         Some(v1::sink_spec::Target::Webhook(webhook)) => SinkTarget::Webhook {
             url: http_uri("webhook url", &webhook.url, "http://host:port/path")?,
         },
+        Some(v1::sink_spec::Target::Amqp(amqp)) => amqp_target(amqp)?,
         None => {
             return Err(Status::invalid_argument(
-                "sink has no target: set grpc { address } or webhook { url }",
+                "sink has no target: set grpc { address }, webhook { url } or amqp { uri, exchange, routing_key }",
             ));
         }
     };
@@ -91,6 +92,15 @@ pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
     let target = match sink.target {
         SinkTarget::Grpc { address } => v1::sink_spec::Target::Grpc(v1::GrpcSink { address }),
         SinkTarget::Webhook { url } => v1::sink_spec::Target::Webhook(v1::WebhookSink { url }),
+        SinkTarget::Amqp {
+            uri,
+            exchange,
+            routing_key,
+        } => v1::sink_spec::Target::Amqp(v1::AmqpSink {
+            uri,
+            exchange,
+            routing_key,
+        }),
     };
     v1::SinkSpec {
         target: Some(target),
@@ -100,6 +110,46 @@ pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
         timeout_ms: sink.timeout_ms,
         rate: sink.rate,
     }
+}
+
+/// Longest exchange name or routing key AMQP carries.
+const MAX_AMQP_NAME: usize = 255;
+
+/// An AMQP target with a URI lapin reads, and names AMQP can carry.
+fn amqp_target(amqp: v1::AmqpSink) -> Result<SinkTarget, Status> {
+    if !amqp.uri.starts_with("amqp://") {
+        return Err(Status::invalid_argument(format!(
+            "amqp uri {:?} does not start with amqp:// (amqps:// is not supported yet)",
+            amqp.uri
+        )));
+    }
+    if amqp.uri.parse::<lapin::uri::AMQPUri>().is_err() {
+        return Err(Status::invalid_argument(format!(
+            "amqp uri {:?} is not amqp://user:password@host:port/vhost",
+            amqp.uri
+        )));
+    }
+    for (what, name) in [
+        ("exchange", &amqp.exchange),
+        ("routing_key", &amqp.routing_key),
+    ] {
+        if name.len() > MAX_AMQP_NAME {
+            return Err(Status::invalid_argument(format!(
+                "amqp {what} is {} bytes, over {MAX_AMQP_NAME}",
+                name.len()
+            )));
+        }
+    }
+    if amqp.exchange.is_empty() && amqp.routing_key.is_empty() {
+        return Err(Status::invalid_argument(
+            "amqp sink needs an exchange or a routing key (the default exchange routes by queue name)",
+        ));
+    }
+    Ok(SinkTarget::Amqp {
+        uri: amqp.uri,
+        exchange: amqp.exchange,
+        routing_key: amqp.routing_key,
+    })
 }
 
 /// `address` if it is an `http://` URI with a host and a port.

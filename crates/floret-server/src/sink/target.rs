@@ -1,5 +1,5 @@
 //! The services a pump pushes batches to: a `floret.sink.v1.Sink` gRPC
-//! service, or an HTTP webhook (`webhook.rs`).
+//! service, an HTTP webhook (`webhook.rs`) or an AMQP broker (`amqp.rs`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - Plain `http://` only: no TLS to the sink yet.
@@ -12,6 +12,7 @@ use floret_proto::sink::v1::{self as wire, sink_client::SinkClient};
 use floret_store::SinkTarget;
 use tonic::transport::{Channel, Endpoint};
 
+use super::amqp::AmqpTarget;
 use super::webhook::WebhookTarget;
 
 /// What the sink said about one message.
@@ -66,6 +67,8 @@ pub enum Target {
     Grpc(GrpcTarget),
     /// An HTTP webhook.
     Webhook(Box<WebhookTarget>),
+    /// An AMQP 0.9.1 broker.
+    Amqp(AmqpTarget),
 }
 
 impl Target {
@@ -76,6 +79,16 @@ impl Target {
             SinkTarget::Webhook { url } => {
                 WebhookTarget::new(url, timeout).map(|webhook| Self::Webhook(Box::new(webhook)))
             }
+            SinkTarget::Amqp {
+                uri,
+                exchange,
+                routing_key,
+            } => Ok(Self::Amqp(AmqpTarget::new(
+                uri,
+                exchange,
+                routing_key,
+                timeout,
+            ))),
         }
     }
 
@@ -87,6 +100,7 @@ impl Target {
         match self {
             Self::Grpc(grpc) => grpc.deliver(messages.to_vec()).await,
             Self::Webhook(webhook) => webhook.deliver(messages).await,
+            Self::Amqp(amqp) => amqp.deliver(messages).await,
         }
     }
 }
