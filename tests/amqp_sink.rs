@@ -23,9 +23,15 @@ const START_DEADLINE: Duration = Duration::from_secs(90);
 /// How long RabbitMQ may take to stop after SIGTERM.
 const STOP_DEADLINE: Duration = Duration::from_secs(20);
 
+/// One RabbitMQ test at a time: two would share two cores with two nodes.
+pub async fn one_rabbit_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static RABBITS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    RABBITS.lock().await
+}
+
 /// A RabbitMQ node of its own: its files under a temporary dir, its AMQP,
 /// distribution and epmd ports picked free on loopback.
-struct RabbitMq {
+pub struct RabbitMq {
     server: Child,
     epmd_port: u16,
     amqp_port: u16,
@@ -34,7 +40,7 @@ struct RabbitMq {
 
 impl RabbitMq {
     /// Starts it and waits until it takes AMQP connections.
-    async fn start() -> Self {
+    pub async fn start() -> Self {
         assert!(
             Path::new(RABBITMQ_SERVER).exists(),
             "{RABBITMQ_SERVER} is missing: apt-get install rabbitmq-server (.ci/run does)"
@@ -91,7 +97,7 @@ impl RabbitMq {
         rabbit
     }
 
-    fn uri(&self) -> String {
+    pub fn uri(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
     }
 }
@@ -134,6 +140,7 @@ async fn backlog(client: &Client, queue: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_reach_rabbitmq_persistent_with_their_headers_and_an_unbound_key_loses_none() {
+    let _one_rabbit = one_rabbit_at_a_time().await;
     let rabbit = RabbitMq::start().await;
     let amqp = Connection::connect(&rabbit.uri(), ConnectionProperties::default())
         .await

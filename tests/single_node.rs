@@ -2,7 +2,6 @@
 //! order, durability across SIGKILL, bad input (and its named classes in
 //! `bad_input.rs`), and data-dir errors.
 
-mod amqp_sink;
 mod bad_input;
 mod console;
 mod deploy_files;
