@@ -128,11 +128,12 @@ async fn messages_reach_the_sink_in_batches_and_leave_floret_once_taken() {
         batch_sizes.values().all(|&size| size <= 50),
         "a batch passed batch_max: {batch_sizes:?}"
     );
+    let mut sizes: Vec<usize> = batch_sizes.values().copied().collect();
+    sizes.sort_unstable();
     assert!(
-        batch_sizes.len() < produced.len() / 10,
-        "a flood went out in {} batches for {} messages",
-        batch_sizes.len(),
-        produced.len()
+        sizes[sizes.len() / 2] >= 45,
+        "a flood went out in batches of median {} (batch_max 50): {sizes:?}",
+        sizes[sizes.len() / 2]
     );
     let exported = super::metrics::scrape(&metrics_address);
     let taken_count = exported.lines().find(|line| {
@@ -254,17 +255,27 @@ async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() 
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let produced_at = Instant::now();
-    produce(&client, "orders", &["lone"], 1).await;
-    eventually(Duration::from_secs(10), "the lone message taken", || {
-        let arrived = !sink.received().is_empty();
-        async move { arrived }
-    })
-    .await;
-    let waited = sink.received()[0].at - produced_at;
+    let mut waits = Vec::new();
+    for lone in 0..5 {
+        let produced_at = Instant::now();
+        produce(&client, "orders", &["lone"], 1).await;
+        eventually(Duration::from_secs(10), "the lone message taken", || {
+            let arrived = sink.received().len() > lone;
+            async move { arrived }
+        })
+        .await;
+        let waited = sink.received()[lone].at - produced_at;
+        assert!(
+            waited >= linger - Duration::from_millis(20),
+            "it left after {waited:?}, before the linger"
+        );
+        waits.push(waited);
+    }
+    waits.sort();
+    eprintln!("lone messages reached the sink after {waits:?} (linger {linger:?})");
     assert!(
-        waited >= linger - Duration::from_millis(20),
-        "it left after {waited:?}, before the linger"
+        waits[2] <= linger + Duration::from_millis(20),
+        "lone messages waited {waits:?}, a linger of {linger:?}"
     );
     assert!(client.remove_sink("orders").await.unwrap());
     assert!(!client.remove_sink("orders").await.unwrap());
@@ -272,7 +283,7 @@ async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() 
     tokio::time::sleep(Duration::from_millis(1500)).await;
     produce(&client, "orders", &["after"], 5).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(sink.received().len(), 1, "the removed sink got more");
+    assert_eq!(sink.received().len(), 5, "the removed sink got more");
     assert_eq!(backlog(&client, "orders").await, 5);
 }
 
