@@ -155,7 +155,7 @@ async fn a_sink_down_for_20_s_grows_the_backlog_loses_nothing_and_dead_letters_e
     for producer in producers {
         acknowledged.extend(producer.await.unwrap());
     }
-    let produced_while_down = (SINK_DOWN.as_secs() * 5 * 10) as u64 * PRODUCERS as u64;
+    let produced_while_down = SINK_DOWN.as_secs() * 5 * 10 * PRODUCERS as u64;
     assert!(
         backlog >= produced_while_down * 8 / 10,
         "the backlog was {backlog} after {SINK_DOWN:?} down"
