@@ -184,10 +184,12 @@ async fn rejected_messages_end_in_the_dead_letters_and_asked_again_ones_are_take
         !rejected.is_empty(),
         "10% of 300 messages should include rejected ones"
     );
-    let dead: BTreeSet<(String, u64)> = client
-        .dead_letters("orders", 1000)
-        .await
-        .unwrap()
+    let dead_letters = client.dead_letters("orders", 1000).await.unwrap();
+    assert!(
+        dead_letters.iter().all(|d| d.reason == "sink"),
+        "{dead_letters:?}"
+    );
+    let dead: BTreeSet<(String, u64)> = dead_letters
         .into_iter()
         .map(|d| (d.producer_id, d.sequence))
         .collect();
@@ -400,10 +402,12 @@ async fn a_webhook_sink_honours_retry_after_and_rejects_what_it_names() {
     assert_eq!(taken, produced, "every message was posted");
     let rejected: BTreeSet<(String, u64)> =
         produced.into_iter().filter(|(_, s)| s % 10 == 3).collect();
-    let dead: BTreeSet<(String, u64)> = client
-        .dead_letters("orders", 1000)
-        .await
-        .unwrap()
+    let dead_letters = client.dead_letters("orders", 1000).await.unwrap();
+    assert!(
+        dead_letters.iter().all(|d| d.reason == "sink"),
+        "{dead_letters:?}"
+    );
+    let dead: BTreeSet<(String, u64)> = dead_letters
         .into_iter()
         .map(|d| (d.producer_id, d.sequence))
         .collect();

@@ -115,12 +115,24 @@ impl Settler {
     }
 
     /// Settles ids of shards this node leads (the leases are here) on
-    /// behalf of `by`.
+    /// behalf of `by`; dead letters are recorded as nacked by a consumer.
     pub async fn settle_here(
         &self,
         kind: SettleKind,
         ids: Vec<String>,
         by: &SettledBy,
+    ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
+        self.settle_here_for(kind, ids, by, DeadLetterReason::Rejected)
+            .await
+    }
+
+    /// Like [`Settler::settle_here`], dead letters recorded with `reason`.
+    pub async fn settle_here_for(
+        &self,
+        kind: SettleKind,
+        ids: Vec<String>,
+        by: &SettledBy,
+        reason: DeadLetterReason,
     ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
         let parsed = ids
             .into_iter()
@@ -156,7 +168,7 @@ impl Settler {
                             .zip(&indexes)
                             .map(|(message, &index)| Discarded {
                                 message,
-                                reason: DeadLetterReason::Rejected,
+                                reason,
                                 attempts: settled_ids[index].as_ref().map_or(0, |id| id.attempt),
                                 dead_letter: true,
                             })

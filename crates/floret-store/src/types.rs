@@ -151,6 +151,8 @@ pub enum DeadLetterReason {
     MaxAttempts,
     /// A consumer nacked it without requeue.
     Rejected,
+    /// The queue's sink rejected it.
+    SinkRejected,
 }
 
 impl DeadLetterReason {
@@ -161,6 +163,7 @@ impl DeadLetterReason {
             Self::Expired => "ttl",
             Self::MaxAttempts => "max_attempts",
             Self::Rejected => "nacked",
+            Self::SinkRejected => "sink",
         }
     }
 }

@@ -365,7 +365,13 @@ impl BatchSender {
         if ids.is_empty() {
             return;
         }
-        match self.parts.settler.settle_here(kind, ids, &self.by).await {
+        let reason = floret_store::DeadLetterReason::SinkRejected;
+        match self
+            .parts
+            .settler
+            .settle_here_for(kind, ids, &self.by, reason)
+            .await
+        {
             Ok(outcomes) => {
                 let unsettled = outcomes
                     .iter()
