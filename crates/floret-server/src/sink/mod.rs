@@ -9,8 +9,9 @@
 //! removed, letting its batch at the sink finish.
 //!
 //! - `spec.rs`: a sink as the API sends it, checked, with defaults.
-//! - `batcher.rs`, `backoff.rs`, `rate_split.rs`: pure batching, retry
-//!   waits, and the rate cap's split between nodes and its token bucket.
+//! - `batcher.rs`, `backoff.rs`, `rate_split.rs`, `aimd.rs`: pure
+//!   batching, retry waits, the rate cap's split between nodes and its token
+//!   bucket, and the share of it used while the sink pushes back.
 //! - `weights.rs`: the backlogged weights the split goes by.
 //! - `target.rs`, `webhook.rs`, `amqp.rs`: the gRPC, HTTP and AMQP sink
 //!   clients.
@@ -20,6 +21,7 @@
 //! - A sink change reaches the pumps within [`RECHECK`] plus the time the
 //!   replica read takes to apply it.
 
+mod aimd;
 mod amqp;
 mod backoff;
 mod batcher;

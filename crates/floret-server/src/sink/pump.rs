@@ -12,8 +12,9 @@
 //!
 //! With a rate cap, the pump spends its part of the cap (`rate_split.rs`,
 //! recomputed every [`super::WEIGHT_POLL`] from every node's backlogged
-//! weight; a part grows only after two polls, it shrinks at once) from a
-//! token bucket, cuts its batches to what the bucket holds,
+//! weight; a part grows only after two polls, it shrinks at once), or the
+//! share of it `aimd.rs` leaves while the sink pushes back, from a token
+//! bucket, cuts its batches to what the bucket holds,
 //! and takes from the dispatcher only two such batches ahead, so the
 //! messages it holds are the next ones in fair order, not a hoard.
 //!
@@ -22,7 +23,6 @@
 //!   meanwhile.
 //! - A message handed back after a sink outage counts an attempt, so a
 //!   queue with `max_attempts` dead-letters messages during a long outage.
-//! - Back-off on 429-like answers (AIMD on the sink's capacity) is not built.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -36,6 +36,7 @@ use floret_store::SinkSpec;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::aimd::Aimd;
 use super::backoff;
 use super::batcher::Batcher;
 use super::rate_split::{TokenBucket, node_rate};
@@ -61,9 +62,16 @@ pub struct PumpParts {
     pub weights: LocalSinkWeights,
 }
 
-/// A batch being sent and settled; resolves to how many of its messages
-/// wait to be handed back after a back-off.
-type InFlight = Pin<Box<dyn Future<Output = usize> + Send>>;
+/// A batch being sent and settled; resolves to what the sink did with it.
+type InFlight = Pin<Box<dyn Future<Output = BatchEnd> + Send>>;
+
+/// What became of a batch.
+struct BatchEnd {
+    /// Messages the sink asked for again, handed back after a back-off.
+    asked_again: usize,
+    /// Whether the sink pushed back: a failed call, or messages asked again.
+    pushed_back: bool,
+}
 
 /// The messages a pump holds: taken from the dispatcher and not yet settled.
 #[derive(Default)]
@@ -146,6 +154,8 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
         Duration::from_millis(u64::from(sink.linger_ms)),
     );
     let mut held = Held::default();
+    let mut aimd = Aimd::new(std::time::Instant::now());
+    let mut rate_part: Option<f64> = None;
     let mut in_flight: Option<InFlight> = None;
     let mut next: Option<Vec<Delivered>> = None;
     let mut tokens_at: Option<std::time::Instant> = None;
@@ -169,17 +179,27 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 Some(ConsumerEvent::Settled(_)) => {}
                 None => break,
             },
-            asked_again = settled(&mut in_flight) => {
+            ended = settled(&mut in_flight) => {
                 in_flight = None;
                 held.in_flight = 0;
-                held.handing_back += asked_again;
+                held.handing_back += ended.asked_again;
+                let now = std::time::Instant::now();
+                if ended.pushed_back {
+                    aimd.pushed_back(now);
+                } else {
+                    aimd.took(now);
+                }
+                if let (Some(bucket), Some(part)) = (bucket.as_mut(), rate_part) {
+                    bucket.set_rate(part * aimd.share(), now);
+                }
             }
             Some(count) = handed_back_counts.recv() => {
                 held.handing_back = held.handing_back.saturating_sub(count);
             }
             Ok(()) = rate_changes.changed() => {
-                if let (Some(bucket), Some(rate)) = (bucket.as_mut(), *rate_changes.borrow()) {
-                    bucket.set_rate(rate, std::time::Instant::now());
+                rate_part = *rate_changes.borrow();
+                if let (Some(bucket), Some(part)) = (bucket.as_mut(), rate_part) {
+                    bucket.set_rate(part * aimd.share(), std::time::Instant::now());
                     batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
                 }
             }
@@ -258,7 +278,7 @@ async fn follow_rate(queue: String, cap: f64, parts: PumpParts, rate: watch::Sen
 const PARTS_REMEMBERED: usize = 3;
 
 /// Waits for the batch in flight; never resolves without one.
-async fn settled(in_flight: &mut Option<InFlight>) -> usize {
+async fn settled(in_flight: &mut Option<InFlight>) -> BatchEnd {
     match in_flight {
         Some(batch) => batch.await,
         None => std::future::pending().await,
@@ -288,7 +308,7 @@ impl BatchSender {
     /// settles it by the sink's answers; resolves to how many messages the
     /// sink asked for again, which are handed back after a back-off (and
     /// then counted on `handed_back`).
-    async fn send_and_settle(self, batch: Vec<Delivered>) -> usize {
+    async fn send_and_settle(self, batch: Vec<Delivered>) -> BatchEnd {
         let started = Instant::now();
         let hold_at_most = self.parts.lease_timeout / 2;
         let ids: Vec<String> = batch.iter().map(|d| d.ticket.to_string()).collect();
@@ -314,7 +334,10 @@ impl BatchSender {
                     if started.elapsed() + wait >= hold_at_most {
                         tracing::warn!(queue = %self.queue, %error, failures, messages = ids.len(), "the sink did not take the batch; its messages are handed back");
                         self.settle(SettleKind::Nack, ids.clone()).await;
-                        return 0;
+                        return BatchEnd {
+                            asked_again: 0,
+                            pushed_back: true,
+                        };
                     }
                     tracing::warn!(queue = %self.queue, %error, failures, retry_in_ms = wait.as_millis() as u64, "the sink did not take the batch; sending it again");
                     tokio::time::sleep(wait).await;
@@ -358,7 +381,10 @@ impl BatchSender {
             self.settle(SettleKind::Ack, taken),
             self.settle(SettleKind::DeadLetter, rejected),
         );
-        asked_again
+        BatchEnd {
+            asked_again,
+            pushed_back: failures > 0 || asked_again > 0,
+        }
     }
 
     async fn settle(&self, kind: SettleKind, ids: Vec<String>) {
