@@ -9,13 +9,26 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
-use floret_client::{GrpcSink, SinkSpec, sink_spec};
+use floret_client::{Client, GrpcSink, SinkSpec, sink_spec};
 use floret_proto::sink::v1::Outcome;
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
 use super::{DRAIN_DEADLINE, SHARDS, message};
 
 const PRODUCERS: usize = 12;
+
+/// Serves `sink` on a loopback port and makes it the gRPC sink of queue
+/// "orders", with `settings`' other fields, through `client`.
+pub(super) async fn sink_orders_into(client: &Client, sink: &DevSink, settings: SinkSpec) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sink.clone().serve(listener));
+    let spec = SinkSpec {
+        target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
+        ..settings
+    };
+    client.set_sink("orders", spec).await.unwrap();
+}
 const MESSAGES_PER_PRODUCER: u64 = 300;
 /// What the sink takes a second: slow enough that the kill comes mid-stream.
 const SINK_RATE: u32 = 1_500;
@@ -31,22 +44,17 @@ async fn a_killed_leaders_messages_reach_the_sink_through_the_new_leaders() {
         rate: Some(SINK_RATE),
         ..Default::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sink.clone().serve(listener));
     let client = cluster.client_of(&cluster.addresses());
-    client
-        .set_sink(
-            "orders",
-            SinkSpec {
-                target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
-                batch_max: 50,
-                linger_ms: 5,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    sink_orders_into(
+        &client,
+        &sink,
+        SinkSpec {
+            batch_max: 50,
+            linger_ms: 5,
+            ..Default::default()
+        },
+    )
+    .await;
     let mut acknowledged = BTreeSet::new();
     for producer in 0..PRODUCERS {
         let name = format!("p{producer}");
@@ -110,20 +118,15 @@ async fn a_sink_down_for_20_s_grows_the_backlog_loses_nothing_and_dead_letters_e
         reject_percent: 1,
         ..Default::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sink.clone().serve(listener));
     let client = cluster.client_of(&cluster.addresses());
-    client
-        .set_sink(
-            "orders",
-            SinkSpec {
-                target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    sink_orders_into(
+        &client,
+        &sink,
+        SinkSpec {
+            ..Default::default()
+        },
+    )
+    .await;
     let mut producers = Vec::new();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     for producer in 0..PRODUCERS {

@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use floret_client::SinkSpec;
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
-use floret_client::{GrpcSink, SinkSpec, sink_spec};
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+use super::sink_failover::sink_orders_into;
 use super::{DRAIN_DEADLINE, SHARDS, message};
 
 const PRODUCERS: usize = 12;
@@ -32,21 +33,16 @@ async fn a_capped_sink_gets_no_more_than_its_cap_and_even_shares_per_producer() 
     let root = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
     let sink = DevSink::new(DevSinkBehaviour::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(sink.clone().serve(listener));
     let client = cluster.client_of(&cluster.addresses());
-    client
-        .set_sink(
-            "orders",
-            SinkSpec {
-                target: Some(sink_spec::Target::Grpc(GrpcSink { address })),
-                rate: CAP,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    sink_orders_into(
+        &client,
+        &sink,
+        SinkSpec {
+            rate: CAP,
+            ..Default::default()
+        },
+    )
+    .await;
     let mut senders = Vec::new();
     for producer in 0..PRODUCERS {
         let name = format!("p{producer:02}");
