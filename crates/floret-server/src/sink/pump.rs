@@ -191,6 +191,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 }
                 if let (Some(bucket), Some(part)) = (bucket.as_mut(), rate_part) {
                     bucket.set_rate(part * aimd.share(), now);
+                    batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
                 }
             }
             Some(count) = handed_back_counts.recv() => {
