@@ -92,7 +92,7 @@ impl RabbitMq {
                 started.elapsed() < START_DEADLINE,
                 "RabbitMQ did not take connections within {START_DEADLINE:?}"
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         rabbit
     }

@@ -256,9 +256,14 @@ async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() 
         .set_sink("orders", grpc_sink(&address, 100, 400))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    produce(&client, "orders", &["probe"], 1).await;
+    eventually(Duration::from_secs(10), "the pump started", || {
+        let pumping = !sink.received().is_empty();
+        async move { pumping }
+    })
+    .await;
     let mut waits = Vec::new();
-    for lone in 0..5 {
+    for lone in 1..6 {
         let produced_at = Instant::now();
         produce(&client, "orders", &["lone"], 1).await;
         eventually(Duration::from_secs(10), "the lone message taken", || {
@@ -282,10 +287,14 @@ async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() 
     assert!(client.remove_sink("orders").await.unwrap());
     assert!(!client.remove_sink("orders").await.unwrap());
     assert_eq!(client.get_sink("orders").await.unwrap(), None);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually(Duration::from_secs(10), "the pump gone", || async {
+        let stats = client.queue_stats("orders").await.unwrap();
+        stats.queues.iter().all(|q| q.consumers == 0)
+    })
+    .await;
     produce(&client, "orders", &["after"], 5).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(sink.received().len(), 5, "the removed sink got more");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sink.received().len(), 6, "the removed sink got more");
     assert_eq!(backlog(&client, "orders").await, 5);
 }
 

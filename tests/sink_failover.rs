@@ -32,6 +32,8 @@ pub(super) async fn sink_orders_into(client: &Client, sink: &DevSink, settings: 
 const MESSAGES_PER_PRODUCER: u64 = 300;
 /// What the sink takes a second: slow enough that the kill comes mid-stream.
 const SINK_RATE: u32 = 1_500;
+/// Pause between one producer's produce calls while the sink is down.
+const PRODUCE_PACE: Duration = Duration::from_millis(200);
 /// How long the sink is down.
 const SINK_DOWN: Duration = Duration::from_secs(20);
 
@@ -141,7 +143,7 @@ async fn a_sink_down_for_20_s_grows_the_backlog_loses_nothing_and_dead_letters_e
                 sender.send(batch).await.unwrap();
                 acknowledged.extend((next..next + 10).map(|i| (name.clone(), i)));
                 next += 10;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(PRODUCE_PACE).await;
             }
             acknowledged
         }));
@@ -158,7 +160,8 @@ async fn a_sink_down_for_20_s_grows_the_backlog_loses_nothing_and_dead_letters_e
     for producer in producers {
         acknowledged.extend(producer.await.unwrap());
     }
-    let produced_while_down = SINK_DOWN.as_secs() * 5 * 10 * PRODUCERS as u64;
+    let calls_while_down = SINK_DOWN.as_millis() / PRODUCE_PACE.as_millis();
+    let produced_while_down = calls_while_down as u64 * 10 * PRODUCERS as u64;
     assert!(
         backlog >= produced_while_down * 8 / 10,
         "the backlog was {backlog} after {SINK_DOWN:?} down"
