@@ -5,6 +5,12 @@
 //! capacity) the quiet producers' messages arrive within milliseconds;
 //! published straight into RabbitMQ, they wait behind the flood (FIFO). 0
 //! acknowledged messages lost; duplicates counted.
+//!
+//! The flood is 20,000 messages unless `FLORET_RABBITMQ_FLOOD` says how many:
+//! that keeps the test's two drains to about 20 s in CI and still puts
+//! seconds of FIFO wait behind the flood. The full workload is
+//! `FLORET_RABBITMQ_FLOOD=100000 cargo test --all-features --test shared_sink
+//! -- rabbitmq --nocapture` (about two minutes in a debug build).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -22,7 +28,8 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use super::amqp_sink::{RabbitMq, one_rabbit_at_a_time};
 use super::harness::{FloretProcess, eventually};
 
-const FLOOD: usize = 100_000;
+/// Flood messages when `FLORET_RABBITMQ_FLOOD` is not set.
+const CI_FLOOD: usize = 20_000;
 const QUIET_PRODUCERS: usize = 20;
 const QUIET_PACE: Duration = Duration::from_millis(50);
 /// What the RabbitMQ consumer drains, messages/s.
@@ -94,8 +101,20 @@ fn p99(latencies: &[Duration]) -> Duration {
     sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
 }
 
+/// How many messages the flood sends: `FLORET_RABBITMQ_FLOOD`, in thousands
+/// rounded up, or [`CI_FLOOD`].
+fn flood_size() -> usize {
+    let asked = std::env::var("FLORET_RABBITMQ_FLOOD").ok().map(|value| {
+        value
+            .parse::<usize>()
+            .expect("FLORET_RABBITMQ_FLOOD is a count")
+    });
+    asked.unwrap_or(CI_FLOOD).div_ceil(1_000).max(1) * 1_000
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_into_rabbitmq() {
+    let flood_size = flood_size();
     let _one_rabbit = one_rabbit_at_a_time().await;
     let rabbit = RabbitMq::start().await;
     let amqp = Connection::connect(&rabbit.uri(), ConnectionProperties::default())
@@ -158,7 +177,7 @@ async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_i
         let client = client.clone();
         tokio::spawn(async move {
             let mut sender = client.producer("orders", "flood");
-            for first in (0..FLOOD).step_by(1_000) {
+            for first in (0..flood_size).step_by(1_000) {
                 let batch = (first..first + 1_000)
                     .map(|i| Message {
                         payload: payload("flood", i, epoch),
@@ -173,7 +192,7 @@ async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_i
         let arrivals = arrivals.clone();
         move || {
             let names = arrivals.lock().unwrap().names.len();
-            async move { names >= FLOOD }
+            async move { names >= flood_size }
         }
     };
     let mut quiet = Vec::new();
@@ -207,7 +226,8 @@ async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_i
     )
     .await;
     quiet_until.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mut acknowledged: BTreeSet<String> = (0..FLOOD).map(|i| format!("flood/{i}")).collect();
+    let mut acknowledged: BTreeSet<String> =
+        (0..flood_size).map(|i| format!("flood/{i}")).collect();
     acknowledged.insert("probe/0".to_owned());
     for producer in quiet {
         acknowledged.extend(producer.await.unwrap());
@@ -267,7 +287,7 @@ async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_i
         epoch,
         fifo.clone(),
     ));
-    for i in 0..FLOOD {
+    for i in 0..flood_size {
         let confirm = publisher
             .basic_publish(
                 "".into(),
@@ -307,7 +327,7 @@ async fn quiet_producers_wait_milliseconds_through_floret_and_seconds_straight_i
     consumer.abort();
     let fifo_best = *fifo.lock().unwrap().quiet_latencies.iter().min().unwrap();
     eprintln!(
-        "rabbitmq noisy neighbor: through floret quiet p99 {through_floret:?} over {quiet_count} quiet messages, {duplicates} duplicates of {} arrived; straight into RabbitMQ the first quiet message waited {fifo_best:?}, and every later one longer",
+        "rabbitmq noisy neighbor ({flood_size} flooded): through floret quiet p99 {through_floret:?} over {quiet_count} quiet messages, {duplicates} duplicates of {} arrived; straight into RabbitMQ the first quiet message waited {fifo_best:?}, and every later one longer",
         acknowledged.len(),
     );
     assert!(

@@ -1,7 +1,9 @@
-//! A sink's rate cap on three nodes: the cap is for the whole cluster, so
+//! A sink's caps on three nodes. The rate cap is for the whole cluster, so
 //! no second at the sink gets more than the cap (plus the 2% burst), and it
 //! is split between the nodes by their backlogged weight, so the
-//! producers, whichever node leads them, get even shares of the sink.
+//! producers, whichever node leads them, get even shares of the sink. The
+//! cap on batches in flight is for the whole cluster too: the sink never
+//! holds more, and the nodes use all of it between them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -122,5 +124,57 @@ async fn a_capped_sink_gets_no_more_than_its_cap_and_even_shares_per_producer() 
         jain(&shares) >= 0.95,
         "shares per producer {counts:?}: Jain {}",
         jain(&shares)
+    );
+}
+
+/// The cluster-wide cap on batches at the sink at once: more than the three
+/// nodes' one each, so a node only reaches it by taking a second one.
+const MAX_IN_FLIGHT: u32 = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_at_the_sink_never_exceed_the_cluster_wide_cap_and_reach_it() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let root = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
+    let sink = DevSink::new(DevSinkBehaviour {
+        latency: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let client = cluster.client_of(&cluster.addresses());
+    sink_orders_into(
+        &client,
+        &sink,
+        SinkSpec {
+            batch_max: 20,
+            max_in_flight: MAX_IN_FLIGHT,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut senders = Vec::new();
+    for producer in 0..PRODUCERS {
+        let name = format!("p{producer:02}");
+        let mut sender = client.producer("orders", &name);
+        for first in (0..500).step_by(100) {
+            let batch = (first..first + 100).map(|i| message(&name, i)).collect();
+            sender.send(batch).await.unwrap();
+        }
+        senders.push(sender);
+    }
+    let total = PRODUCERS * 500;
+    eventually(DRAIN_DEADLINE, "every message at the sink", || {
+        let all = sink.received().len() >= total;
+        async move { all }
+    })
+    .await;
+    let most = sink.most_in_flight();
+    eprintln!("sink in flight: at most {most} batches at once, at a cap of {MAX_IN_FLIGHT}");
+    assert!(
+        most <= MAX_IN_FLIGHT as usize,
+        "the sink held {most} batches at once, at a cap of {MAX_IN_FLIGHT}"
+    );
+    assert_eq!(
+        most, MAX_IN_FLIGHT as usize,
+        "the nodes never used the whole cap"
     );
 }

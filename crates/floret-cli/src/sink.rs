@@ -62,6 +62,9 @@ struct SetArgs {
     /// Most messages a second the sink gets from the whole cluster [0: no cap].
     #[arg(long, default_value_t = 0)]
     rate: u32,
+    /// Most batches the sink has from the whole cluster at once [0: one per node].
+    #[arg(long, default_value_t = 0)]
+    max_in_flight: u32,
 }
 
 #[derive(clap::Args)]
@@ -78,6 +81,9 @@ struct ServeArgs {
     /// Percent of deliveries it asks for again.
     #[arg(long, default_value_t = 0)]
     retry_percent: u32,
+    /// How long it holds each batch before answering, ms.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
 }
 
 pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
@@ -100,6 +106,7 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<()> {
                 linger_ms: set.linger_ms,
                 timeout_ms: set.timeout_ms,
                 rate: set.rate,
+                max_in_flight: set.max_in_flight,
             };
             let stored = client.set_sink(&set.queue.queue, sink).await?;
             println!("{}", serde_json::json!({ "stored": sink_json(&stored) }));
@@ -141,6 +148,7 @@ fn sink_json(sink: &SinkSpec) -> serde_json::Value {
         "linger_ms": sink.linger_ms,
         "timeout_ms": sink.timeout_ms,
         "rate": sink.rate,
+        "max_in_flight": sink.max_in_flight,
     })
 }
 
@@ -151,6 +159,7 @@ async fn serve_dev_sink(args: ServeArgs) -> anyhow::Result<()> {
         rate: (args.rate > 0).then_some(args.rate),
         reject_percent: args.reject_percent,
         retry_percent: args.retry_percent,
+        latency: std::time::Duration::from_millis(args.latency_ms),
     });
     eprintln!("dev sink listening on http://{}", listener.local_addr()?);
     let recorded = sink.clone();

@@ -9,7 +9,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,9 @@ pub struct DevSinkBehaviour {
     pub reject_percent: u32,
     /// Percent of deliveries it asks for again (per attempt).
     pub retry_percent: u32,
+    /// How long it holds each batch before answering (batches it holds at
+    /// once overlap).
+    pub latency: Duration,
 }
 
 /// One message as the sink got it.
@@ -53,6 +56,8 @@ pub struct DevSink {
     received: Arc<Mutex<Vec<Received>>>,
     batches: Arc<Mutex<usize>>,
     down: Arc<AtomicBool>,
+    /// Batches it holds now, and the most it ever held at once.
+    in_flight: Arc<(AtomicUsize, AtomicUsize)>,
     /// When the rate lets the next message through.
     next_free: Arc<tokio::sync::Mutex<Option<Instant>>>,
 }
@@ -74,6 +79,11 @@ impl DevSink {
     /// Every message received so far, in arrival order.
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().expect("never poisoned").clone()
+    }
+
+    /// The most batches it has held at once (received, not yet answered).
+    pub fn most_in_flight(&self) -> usize {
+        self.in_flight.1.load(Ordering::SeqCst)
     }
 
     /// Whether this sink always rejects `message`.
@@ -117,6 +127,16 @@ impl DevSink {
     }
 }
 
+/// A batch the sink holds: counted in flight until dropped (answered, or
+/// the call given up by the caller).
+struct HeldBatch<'a>(&'a AtomicUsize);
+
+impl Drop for HeldBatch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A number in 0..100 that `name` always maps to.
 fn percent_of(name: &impl Hash) -> u32 {
     let mut hasher = DefaultHasher::new();
@@ -134,7 +154,11 @@ impl Sink for DevSink {
             return Err(Status::unavailable("the dev sink is down"));
         }
         let messages = request.into_inner().messages;
+        let (now, most) = &*self.in_flight;
+        most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+        let holding = HeldBatch(&self.in_flight.0);
         self.wait_for_rate(messages.len()).await;
+        tokio::time::sleep(self.behaviour.latency).await;
         let at = Instant::now();
         let batch = {
             let mut batches = self.batches.lock().expect("never poisoned");
@@ -166,6 +190,7 @@ impl Sink for DevSink {
             .lock()
             .expect("never poisoned")
             .extend(received);
+        drop(holding);
         Ok(Response::new(DeliverResponse { results }))
     }
 }

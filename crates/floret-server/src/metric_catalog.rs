@@ -370,6 +370,18 @@ pub const METRICS: &[Metric] = &[
         labels: &["queue"],
     },
     Metric {
+        name: "floret_sink_in_flight_part",
+        kind: MetricKind::Gauge,
+        help: "Batches this node may have at a queue's sink at once: its part of max_in_flight (1 without it).",
+        labels: &["queue"],
+    },
+    Metric {
+        name: "floret_sink_batches_in_flight",
+        kind: MetricKind::Gauge,
+        help: "Batches this node has at a queue's sink, sent and not yet answered.",
+        labels: &["queue"],
+    },
+    Metric {
         name: "floret_sink_batch_seconds",
         kind: MetricKind::Histogram(STEP_SECONDS),
         help: "Calls to a sink that it answered, from sending the batch to its answer.",

@@ -22,6 +22,9 @@ pub struct SinkSpec {
     pub timeout_ms: u32,
     /// Most messages a second the sink gets from the whole cluster; 0: no cap.
     pub rate: u32,
+    /// Most batches the sink has from the whole cluster at once; 0: one
+    /// per node.
+    pub max_in_flight: u32,
 }
 
 /// The service a sink pushes to.

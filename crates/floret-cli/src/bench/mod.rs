@@ -23,6 +23,7 @@ pub(crate) mod load;
 mod noisy;
 mod plot;
 mod progress;
+mod pushed;
 mod scale;
 mod sink;
 mod stats;

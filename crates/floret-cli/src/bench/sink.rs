@@ -66,6 +66,10 @@ pub struct Received {
     pub bytes: usize,
 }
 
+/// Producers named so (noisy-neighbor's flooders) have their first
+/// deliveries counted apart too.
+pub const FLOOD_PRODUCER_PREFIX: &str = "flooder-";
+
 /// Live counts shared with the progress line and the stop condition.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -74,10 +78,24 @@ pub struct Counters {
     /// Why the first failed produce call failed.
     pub first_produce_failure: std::sync::OnceLock<String>,
     pub first_deliveries: AtomicU64,
+    /// Of the first deliveries, those of [`FLOOD_PRODUCER_PREFIX`] producers.
+    pub flood_first_deliveries: AtomicU64,
     pub redeliveries: AtomicU64,
 }
 
 impl Counters {
+    /// Counts a delivery of `producer` (without the run tag).
+    pub fn delivered(&self, producer: &str, attempt: u32) {
+        if attempt > 1 {
+            self.redeliveries.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.first_deliveries.fetch_add(1, Ordering::Relaxed);
+        if producer.starts_with(FLOOD_PRODUCER_PREFIX) {
+            self.flood_first_deliveries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts a failed produce call, keeping the first one's reason.
     pub fn produce_failed(&self, error: &impl std::fmt::Display) {
         self.produce_failures.fetch_add(1, Ordering::Relaxed);
@@ -261,11 +279,7 @@ impl ConsumerRun {
                     Some(ConsumerEvent::Delivery(delivery)) => {
                         let arrived = Instant::now();
                         if let Some(producer) = delivery.producer_id.strip_prefix(&self.run_tag) {
-                            if delivery.attempt == 1 {
-                                self.counters.first_deliveries.fetch_add(1, Ordering::Relaxed);
-                            } else {
-                                self.counters.redeliveries.fetch_add(1, Ordering::Relaxed);
-                            }
+                            self.counters.delivered(producer, delivery.attempt);
                             received.push(Received {
                                 producer: producer.to_owned(),
                                 attempt: delivery.attempt,

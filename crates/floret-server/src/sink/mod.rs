@@ -9,15 +9,15 @@
 //! removed, letting its batch at the sink finish.
 //!
 //! - `spec.rs`: a sink as the API sends it, checked, with defaults.
-//! - `batcher.rs`, `backoff.rs`, `rate_split.rs`, `aimd.rs`: pure
-//!   batching, retry waits, the rate cap's split between nodes and its token
-//!   bucket, and the share of it used while the sink pushes back.
+//! - `batcher.rs`, `backoff.rs`, `rate_split.rs`, `in_flight_split.rs`,
+//!   `aimd.rs`: pure batching, retry waits, the rate cap's split between
+//!   nodes and its token bucket, the split of the cap on batches in flight,
+//!   and the share of the rate used while the sink pushes back.
 //! - `weights.rs`: the backlogged weights the split goes by.
 //! - `target.rs`, `webhook.rs`, `amqp.rs`: the gRPC, HTTP and AMQP sink
 //!   clients.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - No cluster-wide cap on batches in flight yet (one per node and queue).
 //! - A sink change reaches the pumps within [`RECHECK`] plus the time the
 //!   replica read takes to apply it.
 
@@ -25,6 +25,7 @@ mod aimd;
 mod amqp;
 mod backoff;
 mod batcher;
+mod in_flight_split;
 mod pump;
 mod rate_split;
 pub mod spec;

@@ -15,12 +15,21 @@
 //! weight; a part grows only after two polls, it shrinks at once), or the
 //! share of it `aimd.rs` leaves while the sink pushes back, from a token
 //! bucket, cuts its batches to what the bucket holds,
-//! and takes from the dispatcher only two such batches ahead, so the
-//! messages it holds are the next ones in fair order, not a hoard.
+//! and takes from the dispatcher only one batch more than it may have at
+//! the sink, so the messages it holds are the next ones in fair order, not
+//! a hoard.
+//!
+//! It has one batch at the sink at a time, or with `max_in_flight` its
+//! part of that cluster-wide cap (`in_flight_split.rs`, from the same
+//! polls, and the smallest of the last three parts too); the next batch
+//! forms meanwhile. A batch leaves the sink's count once the sink answered:
+//! its settling commits in the background (at most
+//! [`SETTLING_BATCHES_AT_MOST`] batches at once), so a raft round trip does
+//! not stand between two batches.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - One batch at the sink at a time per node and queue; a second one forms
-//!   meanwhile.
+//! - Batches at the sink at once may arrive in another order than they were
+//!   sent, and so may one producer's messages in them.
 //! - A message handed back after a sink outage counts an attempt, so a
 //!   queue with `max_attempts` dead-letters messages during a long outage.
 
@@ -33,12 +42,15 @@ use std::time::Duration;
 use floret_cluster::Shards;
 use floret_proto::sink::v1::SinkMessage;
 use floret_store::SinkSpec;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::aimd::Aimd;
 use super::backoff;
 use super::batcher::Batcher;
+use super::in_flight_split::node_batches;
 use super::rate_split::{TokenBucket, node_rate};
 use super::target::{MessageOutcome, Target};
 use super::weights::{self, LocalSinkWeights};
@@ -62,15 +74,31 @@ pub struct PumpParts {
     pub weights: LocalSinkWeights,
 }
 
-/// A batch being sent and settled; resolves to what the sink did with it.
+/// A batch at the sink; resolves once the sink answered (or the batch was
+/// given up), to what the sink did with it.
 type InFlight = Pin<Box<dyn Future<Output = BatchEnd> + Send>>;
 
-/// What became of a batch.
+/// A batch's answers being settled through raft (removed, dead-lettered,
+/// or handed back after a failed call); resolves to how many messages.
+type Settling = Pin<Box<dyn Future<Output = usize> + Send>>;
+
+/// Batches whose settling may be under way at once: the next batch goes to
+/// the sink while the last ones' removals commit, but a pump whose sink is
+/// faster than raft waits rather than holding ever more leases.
+const SETTLING_BATCHES_AT_MOST: usize = 4;
+
+/// What became of a batch at the sink.
 struct BatchEnd {
+    /// Messages it held.
+    sent: usize,
     /// Messages the sink asked for again, handed back after a back-off.
     asked_again: usize,
     /// Whether the sink pushed back: a failed call, or messages asked again.
     pushed_back: bool,
+    /// Settles the rest of its messages.
+    settle: Settling,
+    /// How many messages `settle` settles.
+    settling: usize,
 }
 
 /// The messages a pump holds: taken from the dispatcher and not yet settled.
@@ -82,10 +110,14 @@ struct Held {
     in_flight: usize,
     /// Asked for again, waiting for their back-off to hand them back.
     handing_back: usize,
+    /// Answered by the sink, their settling under way (bounded by
+    /// [`SETTLING_BATCHES_AT_MOST`], not by the credits).
+    settling: usize,
 }
 
 impl Held {
-    fn total(&self) -> usize {
+    /// The messages the credits bound: all but those settling.
+    fn before_settling(&self) -> usize {
         self.waiting + self.in_flight + self.handing_back
     }
 }
@@ -107,13 +139,13 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
     };
     let (events, mut deliveries) = mpsc::unbounded_channel();
     let (handed_back, mut handed_back_counts) = mpsc::unbounded_channel();
-    let (rate_known, mut rate_changes) = watch::channel(None::<f64>);
-    let rate_poll = (sink.rate > 0).then(|| {
-        tokio::spawn(follow_rate(
+    let (parts_known, mut part_changes) = watch::channel(None::<NodeParts>);
+    let parts_poll = (sink.rate > 0 || sink.max_in_flight > 0).then(|| {
+        tokio::spawn(follow_parts(
             queue.clone(),
-            f64::from(sink.rate),
+            sink.clone(),
             parts.clone(),
-            rate_known,
+            parts_known,
         ))
     });
     let mut bucket = (sink.rate > 0).then(|| {
@@ -126,7 +158,8 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             .as_ref()
             .map_or(limit, |b| limit.min(b.batch_limit()))
     };
-    let mut unused_credits = 2 * batch_limit(&bucket);
+    let mut batches_allowed = 1;
+    let mut unused_credits = (batches_allowed + 1) * batch_limit(&bucket);
     let Ok(consumer) = parts
         .dispatcher
         .subscribe(
@@ -156,11 +189,16 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
     let mut held = Held::default();
     let mut aimd = Aimd::new(std::time::Instant::now());
     let mut rate_part: Option<f64> = None;
-    let mut in_flight: Option<InFlight> = None;
+    let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+    let mut settling: FuturesUnordered<Settling> = FuturesUnordered::new();
+    let in_flight_gauge =
+        metrics::gauge!("floret_sink_batches_in_flight", "queue" => queue.clone());
     let mut next: Option<Vec<Delivered>> = None;
     let mut tokens_at: Option<std::time::Instant> = None;
     loop {
-        let wake = if in_flight.is_some() {
+        let may_send =
+            in_flight.len() < batches_allowed && settling.len() < SETTLING_BATCHES_AT_MOST;
+        let wake = if !may_send {
             None
         } else if next.is_some() {
             tokens_at
@@ -179,10 +217,12 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 Some(ConsumerEvent::Settled(_)) => {}
                 None => break,
             },
-            ended = settled(&mut in_flight) => {
-                in_flight = None;
-                held.in_flight = 0;
+            Some(ended) = in_flight.next(), if !in_flight.is_empty() => {
+                in_flight_gauge.set(in_flight.len() as f64);
+                held.in_flight -= ended.sent;
                 held.handing_back += ended.asked_again;
+                held.settling += ended.settling;
+                settling.push(ended.settle);
                 let now = std::time::Instant::now();
                 if ended.pushed_back {
                     aimd.pushed_back(now);
@@ -194,11 +234,16 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                     batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
                 }
             }
+            Some(settled) = settling.next(), if !settling.is_empty() => {
+                held.settling -= settled;
+            }
             Some(count) = handed_back_counts.recv() => {
                 held.handing_back = held.handing_back.saturating_sub(count);
             }
-            Ok(()) = rate_changes.changed() => {
-                rate_part = *rate_changes.borrow();
+            Ok(()) = part_changes.changed() => {
+                let node_parts = *part_changes.borrow();
+                rate_part = node_parts.and_then(|p| p.rate);
+                batches_allowed = node_parts.map_or(1, |p| p.batches);
                 if let (Some(bucket), Some(part)) = (bucket.as_mut(), rate_part) {
                     bucket.set_rate(part * aimd.share(), std::time::Instant::now());
                     batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
@@ -207,27 +252,31 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             () = sleep_until(wake), if wake.is_some() => {}
             _ = stop.changed() => break,
         }
-        if in_flight.is_none() {
+        while in_flight.len() < batches_allowed && settling.len() < SETTLING_BATCHES_AT_MOST {
             let now = std::time::Instant::now();
             if next.is_none() {
                 next = batcher.take(now);
             }
-            if let Some(batch) = next.take() {
-                match bucket.as_mut().map_or(Ok(()), |b| b.take(batch.len(), now)) {
-                    Ok(()) => {
-                        tokens_at = None;
-                        held.waiting -= batch.len();
-                        held.in_flight = batch.len();
-                        in_flight = Some(Box::pin(sender.clone().send_and_settle(batch)));
-                    }
-                    Err(ready) => {
-                        tokens_at = Some(ready);
-                        next = Some(batch);
-                    }
+            let Some(batch) = next.take() else {
+                break;
+            };
+            match bucket.as_mut().map_or(Ok(()), |b| b.take(batch.len(), now)) {
+                Ok(()) => {
+                    tokens_at = None;
+                    held.waiting -= batch.len();
+                    held.in_flight += batch.len();
+                    in_flight.push(Box::pin(sender.clone().send(batch)));
+                    in_flight_gauge.set(in_flight.len() as f64);
+                }
+                Err(ready) => {
+                    tokens_at = Some(ready);
+                    next = Some(batch);
+                    break;
                 }
             }
         }
-        let wanted = (2 * batch_limit(&bucket)).saturating_sub(held.total());
+        let wanted =
+            ((batches_allowed + 1) * batch_limit(&bucket)).saturating_sub(held.before_settling());
         if wanted != unused_credits {
             let granted = if wanted > unused_credits {
                 parts
@@ -242,34 +291,73 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             unused_credits = wanted;
         }
     }
-    if let Some(batch) = in_flight {
-        batch.await;
+    while let Some(ended) = in_flight.next().await {
+        settling.push(ended.settle);
     }
-    if let Some(rate_poll) = rate_poll {
-        rate_poll.abort();
+    in_flight_gauge.set(0.0);
+    while settling.next().await.is_some() {}
+    if let Some(parts_poll) = parts_poll {
+        parts_poll.abort();
     }
     parts.weights.forget(&queue);
     parts.dispatcher.consumer_gone(consumer);
     tracing::info!(%queue, "stopped pumping the queue into its sink");
 }
 
-/// Recomputes this node's part of `cap` every [`super::WEIGHT_POLL`] and
-/// publishes the smallest of the last [`PARTS_REMEMBERED`] parts (starting
-/// from an even part), so a part grows only after the other nodes have had
-/// two polls to see why and shrink theirs.
-async fn follow_rate(queue: String, cap: f64, parts: PumpParts, rate: watch::Sender<Option<f64>>) {
+/// This node's parts of a sink's cluster-wide caps.
+#[derive(Debug, Clone, Copy)]
+struct NodeParts {
+    /// Of `rate`, messages/s (None: no rate cap).
+    rate: Option<f64>,
+    /// Of `max_in_flight`: batches at the sink at once (1 without that cap).
+    batches: usize,
+}
+
+/// Recomputes this node's parts of the sink's caps every
+/// [`super::WEIGHT_POLL`] and publishes the smallest of the last
+/// [`PARTS_REMEMBERED`] of each (starting from even parts), so a part grows
+/// only after the other nodes have had two polls to see why and shrink
+/// theirs.
+async fn follow_parts(
+    queue: String,
+    sink: SinkSpec,
+    parts: PumpParts,
+    published: watch::Sender<Option<NodeParts>>,
+) {
     let mut poll = tokio::time::interval(super::WEIGHT_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let even = cap / parts.shards.peers().node_ids().len().max(1) as f64;
-    let mut recent: VecDeque<f64> = std::iter::repeat_n(even, PARTS_REMEMBERED).collect();
+    let peers = parts.shards.peers();
+    let nodes = peers.node_ids().len().max(1);
+    let rate_cap = f64::from(sink.rate);
+    let even = NodeParts {
+        rate: (sink.rate > 0).then_some(rate_cap / nodes as f64),
+        batches: (sink.max_in_flight as usize / nodes).max(1),
+    };
+    let mut recent: VecDeque<NodeParts> = std::iter::repeat_n(even, PARTS_REMEMBERED).collect();
     loop {
         poll.tick().await;
         let others = weights::others(&parts.shards, &queue).await;
+        let own = parts.weights.get(&queue);
+        let answers: Vec<Option<u64>> = others.iter().map(|(_, weight)| *weight).collect();
         recent.pop_front();
-        recent.push_back(node_rate(cap, parts.weights.get(&queue), &others));
-        let used = recent.iter().copied().fold(f64::INFINITY, f64::min);
-        metrics::gauge!("floret_sink_rate_part", "queue" => queue.clone()).set(used);
-        if rate.send(Some(used)).is_err() {
+        recent.push_back(NodeParts {
+            rate: (sink.rate > 0).then(|| node_rate(rate_cap, own, &answers)),
+            batches: if sink.max_in_flight > 0 {
+                node_batches(sink.max_in_flight, peers.node_id(), own, &others)
+            } else {
+                1
+            },
+        });
+        let used = NodeParts {
+            rate: recent.iter().filter_map(|p| p.rate).reduce(f64::min),
+            batches: recent.iter().map(|p| p.batches).min().unwrap_or(1),
+        };
+        if let Some(rate) = used.rate {
+            metrics::gauge!("floret_sink_rate_part", "queue" => queue.clone()).set(rate);
+        }
+        metrics::gauge!("floret_sink_in_flight_part", "queue" => queue.clone())
+            .set(used.batches as f64);
+        if published.send(Some(used)).is_err() {
             return;
         }
     }
@@ -278,14 +366,6 @@ async fn follow_rate(queue: String, cap: f64, parts: PumpParts, rate: watch::Sen
 /// Parts a pump takes the smallest of.
 const PARTS_REMEMBERED: usize = 3;
 
-/// Waits for the batch in flight; never resolves without one.
-async fn settled(in_flight: &mut Option<InFlight>) -> BatchEnd {
-    match in_flight {
-        Some(batch) => batch.await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn sleep_until(deadline: Option<std::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(Instant::from_std(deadline)).await,
@@ -293,7 +373,7 @@ async fn sleep_until(deadline: Option<std::time::Instant>) {
     }
 }
 
-/// Sends one batch and settles its messages.
+/// Sends batches and settles their messages.
 #[derive(Clone)]
 struct BatchSender {
     queue: String,
@@ -305,11 +385,11 @@ struct BatchSender {
 }
 
 impl BatchSender {
-    /// Sends `batch` (again after failures, while its leases are young) and
-    /// settles it by the sink's answers; resolves to how many messages the
-    /// sink asked for again, which are handed back after a back-off (and
-    /// then counted on `handed_back`).
-    async fn send_and_settle(self, batch: Vec<Delivered>) -> BatchEnd {
+    /// Sends `batch` (again after failures, while its leases are young);
+    /// resolves once the sink answered, to the settling of what it answered
+    /// and how many messages it asked for again, which are handed back
+    /// after a back-off (and then counted on `handed_back`).
+    async fn send(self, batch: Vec<Delivered>) -> BatchEnd {
         let started = Instant::now();
         let hold_at_most = self.parts.lease_timeout / 2;
         let ids: Vec<String> = batch.iter().map(|d| d.ticket.to_string()).collect();
@@ -334,10 +414,16 @@ impl BatchSender {
                         .max(error.retry_after().unwrap_or_default());
                     if started.elapsed() + wait >= hold_at_most {
                         tracing::warn!(queue = %self.queue, %error, failures, messages = ids.len(), "the sink did not take the batch; its messages are handed back");
-                        self.settle(SettleKind::Nack, ids.clone()).await;
+                        let sent = ids.len();
                         return BatchEnd {
+                            sent,
                             asked_again: 0,
                             pushed_back: true,
+                            settle: Box::pin(async move {
+                                self.settle(SettleKind::Nack, ids).await;
+                                sent
+                            }),
+                            settling: sent,
                         };
                     }
                     tracing::warn!(queue = %self.queue, %error, failures, retry_in_ms = wait.as_millis() as u64, "the sink did not take the batch; sending it again");
@@ -345,6 +431,7 @@ impl BatchSender {
                 }
             }
         };
+        let sent = ids.len();
         let (mut taken, mut rejected, mut again) = (Vec::new(), Vec::new(), Vec::new());
         let mut most_attempts = 0;
         for ((id, outcome), attempt) in ids.into_iter().zip(outcomes).zip(attempts) {
@@ -378,13 +465,19 @@ impl BatchSender {
                 let _pump_gone = later.handed_back.send(asked_again);
             });
         }
-        tokio::join!(
-            self.settle(SettleKind::Ack, taken),
-            self.settle(SettleKind::DeadLetter, rejected),
-        );
+        let settling = taken.len() + rejected.len();
         BatchEnd {
+            sent,
             asked_again,
             pushed_back: failures > 0 || asked_again > 0,
+            settle: Box::pin(async move {
+                tokio::join!(
+                    self.settle(SettleKind::Ack, taken),
+                    self.settle(SettleKind::DeadLetter, rejected),
+                );
+                settling
+            }),
+            settling,
         }
     }
 

@@ -22,6 +22,8 @@ pub const MAX_LINGER_MS: u32 = 60_000;
 pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
 /// The highest rate cap, messages/s.
 pub const MAX_RATE: u32 = 1_000_000;
+/// The highest cap on batches in flight.
+pub const MAX_IN_FLIGHT: u32 = 10_000;
 /// Shortest and longest timeout of a batch, ms.
 pub const TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
 
@@ -77,6 +79,12 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
             wire.rate
         )));
     }
+    if wire.max_in_flight > MAX_IN_FLIGHT {
+        return Err(Status::invalid_argument(format!(
+            "max_in_flight {} is over {MAX_IN_FLIGHT} batches",
+            wire.max_in_flight
+        )));
+    }
     Ok(SinkSpec {
         target,
         batch_max,
@@ -84,6 +92,7 @@ pub fn from_wire(wire: Option<v1::SinkSpec>) -> Result<SinkSpec, Status> {
         linger_ms,
         timeout_ms,
         rate: wire.rate,
+        max_in_flight: wire.max_in_flight,
     })
 }
 
@@ -109,6 +118,7 @@ pub fn to_wire(sink: SinkSpec) -> v1::SinkSpec {
         linger_ms: sink.linger_ms,
         timeout_ms: sink.timeout_ms,
         rate: sink.rate,
+        max_in_flight: sink.max_in_flight,
     }
 }
 
@@ -232,6 +242,14 @@ mod tests {
                 .unwrap_err()
                 .message()
                 .contains("batch_max")
+        );
+        let mut wire = grpc("http://sink:1");
+        wire.max_in_flight = MAX_IN_FLIGHT + 1;
+        assert!(
+            from_wire(Some(wire))
+                .unwrap_err()
+                .message()
+                .contains("max_in_flight")
         );
         let mut wire = grpc("http://sink:1");
         wire.timeout_ms = 10;

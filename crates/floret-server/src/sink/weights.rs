@@ -9,6 +9,8 @@ use std::time::Duration;
 use floret_cluster::Shards;
 use floret_proto::peer::v1::SinkWeightRequest;
 
+use super::in_flight_split::NodeWeight;
+
 /// How long a node's answer is waited for; no answer counts as silent.
 pub const ANSWER_WAIT: Duration = Duration::from_millis(200);
 
@@ -41,9 +43,9 @@ impl LocalSinkWeights {
     }
 }
 
-/// Every other member's weight for `queue`; None for one that did not
-/// answer within [`ANSWER_WAIT`].
-pub async fn others(shards: &Shards, queue: &str) -> Vec<Option<u64>> {
+/// Every other member's id and weight for `queue`; None for one that did
+/// not answer within [`ANSWER_WAIT`].
+pub async fn others(shards: &Shards, queue: &str) -> Vec<NodeWeight> {
     let peers = shards.peers();
     let asks = peers.others().map(|node| {
         let client = peers.peer_client(node);
@@ -51,12 +53,15 @@ pub async fn others(shards: &Shards, queue: &str) -> Vec<Option<u64>> {
             queue: queue.to_owned(),
         };
         async move {
-            let mut client = client?;
-            let answer = tokio::time::timeout(ANSWER_WAIT, client.sink_weight(request))
-                .await
-                .ok()?
-                .ok()?;
-            Some(answer.into_inner().weight)
+            let weight = async {
+                let mut client = client?;
+                let answer = tokio::time::timeout(ANSWER_WAIT, client.sink_weight(request))
+                    .await
+                    .ok()?
+                    .ok()?;
+                Some(answer.into_inner().weight)
+            };
+            (node, weight.await)
         }
     });
     futures::future::join_all(asks).await

@@ -394,6 +394,7 @@ fn grpc_sink(address: &str) -> SinkSpec {
         linger_ms: 5,
         timeout_ms: 10_000,
         rate: 0,
+        max_in_flight: 0,
     }
 }
 

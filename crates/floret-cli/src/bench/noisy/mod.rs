@@ -6,23 +6,28 @@
 //! producers shared each one-second window.
 //!
 //! `--flooders 21 --quiet 0` is the variant in which every producer floods.
-//! The analysis of a run and its summary and charts are `report.rs`.
+//! `--sink` says what the sink is: consumers pulling from floret (the
+//! default), a floret sink pushing into a gRPC sink served here or into
+//! RabbitMQ, or RabbitMQ alone, published into straight (`outlet.rs`). The
+//! analysis of a run and its summary and charts are `report.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use floret_client::{Client, Message};
+use floret_client::Message;
 use tokio::sync::watch;
 
 use super::plot;
 use super::progress::Progress;
-use super::sink::{Counters, Sink, SinkSpec};
+use super::sink::{Counters, FLOOD_PRODUCER_PREFIX, Sink, SinkSpec};
 use super::{CommonArgs, stamp};
 
+mod outlet;
 mod report;
 
+use outlet::{Front, Outlet, SinkKind};
 use report::{analyse, charts, print_summary};
 
 /// Back-off after a failed produce call, so a refusing cluster is not hammered.
@@ -65,6 +70,11 @@ pub struct NoisyArgs {
     /// Each quiet producer sends one message this often while the flood lasts.
     #[arg(long, default_value_t = 50)]
     quiet_interval_ms: u64,
+    /// How long the flood lasts for the quiet producers: `produce`, until
+    /// its produce calls are acknowledged; `backlog`, until its messages are
+    /// delivered too (the quiet ones then wait behind its whole backlog).
+    #[arg(long, value_enum, default_value_t = QuietWhile::Produce)]
+    quiet_while: QuietWhile,
     /// Messages per flood produce call.
     #[arg(long, default_value_t = 100)]
     flood_batch: usize,
@@ -84,6 +94,26 @@ pub struct NoisyArgs {
     /// Acks per ack request.
     #[arg(long, default_value_t = 16)]
     ack_batch: usize,
+    /// What the sink is: `consumers` pull from floret at --sink-rate;
+    /// `grpc`: the queue's floret sink pushes into a gRPC sink served here,
+    /// capped at --sink-rate; `amqp`: it pushes into a RabbitMQ queue
+    /// (--amqp-uri) drained at --sink-rate; `rabbitmq-alone`: the producers
+    /// publish straight into that RabbitMQ queue, without floret.
+    #[arg(long, value_enum, default_value_t = SinkKind::Consumers)]
+    sink: SinkKind,
+    /// The RabbitMQ of `--sink amqp` and `--sink rabbitmq-alone`.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_uri: String,
+    /// The floret sink's rate cap, messages/s (default: --sink-rate for
+    /// grpc; 95% of it for amqp, so RabbitMQ's own queue stays short).
+    #[arg(long)]
+    sink_cap: Option<u32>,
+    /// The floret sink's batch_max.
+    #[arg(long, default_value_t = 100)]
+    sink_batch_max: u32,
+    /// The floret sink's linger, ms.
+    #[arg(long, default_value_t = 5)]
+    sink_linger_ms: u32,
     /// Give up retrying failed flood produces, and waiting for the last
     /// deliveries, after this long.
     #[arg(long, default_value_t = 600)]
@@ -92,6 +122,19 @@ pub struct NoisyArgs {
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
 }
+
+/// How long the quiet producers send.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuietWhile {
+    /// While the flood's produce calls last.
+    Produce,
+    /// Until the flood's messages are delivered.
+    Backlog,
+}
+
+/// How often the quiet producers' end is checked for with `--quiet-while
+/// backlog`.
+const BACKLOG_POLL: Duration = Duration::from_millis(20);
 
 /// A producer's acknowledged produce calls: (when, how many messages).
 type Acks = Vec<(Duration, u64)>;
@@ -107,22 +150,37 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let (target, target_seen) = watch::channel(None);
     let run_tag = super::run_tag("noisy");
     let queue = args.common.queue(&run_tag);
-    let sink = Sink::start(
-        &SinkSpec {
-            addresses,
-            queue: queue.clone(),
-            run_tag: run_tag.clone(),
-            consumers: args.consumers.max(1),
-            rate_cap: args.sink_rate,
-            credits: args
-                .credits
-                .unwrap_or_else(|| window_credits(args.sink_rate, args.consumers.max(1))),
-            ack_batch: args.ack_batch,
-        },
-        run_start,
-        counters.clone(),
-        target_seen,
-    )?;
+    let sink = match args.sink {
+        SinkKind::Consumers => Outlet::Consumers(Sink::start(
+            &SinkSpec {
+                addresses,
+                queue: queue.clone(),
+                run_tag: run_tag.clone(),
+                consumers: args.consumers.max(1),
+                rate_cap: args.sink_rate,
+                credits: args
+                    .credits
+                    .unwrap_or_else(|| window_credits(args.sink_rate, args.consumers.max(1))),
+                ack_batch: args.ack_batch,
+            },
+            run_start,
+            counters.clone(),
+            target_seen,
+        )?),
+        _ => {
+            Outlet::pushed(
+                &args,
+                &client,
+                &queue,
+                (&run_tag, run_start),
+                counters.clone(),
+                target_seen,
+            )
+            .await?
+        }
+    };
+    let front = Front::for_run(&args, &client, &queue).await?;
+    let flood_started = run_start.elapsed();
     let progress = Progress::start(run_start, counters.clone(), None);
 
     let flood_over = Arc::new(AtomicBool::new(false));
@@ -131,7 +189,7 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
             let producer = format!("quiet-{index}");
             let tagged = format!("{run_tag}{producer}");
             tokio::spawn(quiet_producer(
-                client.clone(),
+                front.clone(),
                 args.clone(),
                 queue.clone(),
                 (producer, tagged),
@@ -144,14 +202,14 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let mut flood_tasks = Vec::new();
     let per_flooder = args.messages / args.flooders.max(1) as u64;
     for flooder in 0..args.flooders {
-        let producer = format!("flooder-{flooder}");
+        let producer = format!("{FLOOD_PRODUCER_PREFIX}{flooder}");
         let tagged = format!("{run_tag}{producer}");
         let batches = Arc::new(AtomicU64::new(
             per_flooder.div_ceil(args.flood_batch.max(1) as u64),
         ));
         for _ in 0..args.flood_concurrency.max(1) {
             flood_tasks.push(tokio::spawn(flood_worker(
-                client.clone(),
+                front.clone(),
                 args.clone(),
                 queue.clone(),
                 (producer.clone(), tagged.clone()),
@@ -166,7 +224,16 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
         let (producer, worker_acks) = task.await?;
         acks.entry(producer).or_default().extend(worker_acks);
     }
-    let flood_seconds = run_start.elapsed().as_secs_f64();
+    let flood = flood_started..run_start.elapsed();
+    if args.quiet_while == QuietWhile::Backlog {
+        let flood_acknowledged: u64 = acks.values().flatten().map(|(_, count)| count).sum();
+        let give_up = Instant::now() + Duration::from_secs(args.timeout_s);
+        while counters.flood_first_deliveries.load(Ordering::Relaxed) < flood_acknowledged
+            && Instant::now() < give_up
+        {
+            tokio::time::sleep(BACKLOG_POLL).await;
+        }
+    }
     flood_over.store(true, Ordering::Relaxed);
     let mut quiet_calls = Vec::new();
     for task in quiet_tasks {
@@ -177,18 +244,15 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
     let produced = counters.produced.load(Ordering::Relaxed);
     target.send_replace(Some(produced));
     let received = sink
-        .finish_by(Instant::now() + Duration::from_secs(args.timeout_s))
+        .finish_by(
+            &client,
+            &queue,
+            Instant::now() + Duration::from_secs(args.timeout_s),
+        )
         .await?;
     progress.finish();
 
-    let report = analyse(
-        &args,
-        acks,
-        quiet_calls,
-        &received,
-        &counters,
-        flood_seconds,
-    );
+    let report = analyse(&args, acks, quiet_calls, &received, &counters, flood);
     print_summary(&report);
     args.common.write_json(&report)?;
     if let Some(path) = &args.plot {
@@ -202,7 +266,7 @@ pub async fn run(args: NoisyArgs) -> anyhow::Result<()> {
 type Names = (String, String);
 
 async fn flood_worker(
-    client: Client,
+    front: Front,
     args: NoisyArgs,
     queue: String,
     (producer, tagged): Names,
@@ -229,7 +293,7 @@ async fn flood_worker(
         };
         let count = args.flood_batch.max(1) as u64;
         loop {
-            match client.produce(&queue, &tagged, batch()).await {
+            match front.produce(&queue, &tagged, batch()).await {
                 Ok(_) => {
                     acks.push((run_start.elapsed(), count));
                     counters.produced.fetch_add(count, Ordering::Relaxed);
@@ -251,7 +315,7 @@ async fn flood_worker(
 }
 
 async fn quiet_producer(
-    client: Client,
+    front: Front,
     args: NoisyArgs,
     queue: String,
     (producer, tagged): Names,
@@ -270,7 +334,7 @@ async fn quiet_producer(
             payload: stamp::payload(called_at, args.size),
             headers: Default::default(),
         };
-        match client.produce(&queue, &tagged, vec![message]).await {
+        match front.produce(&queue, &tagged, vec![message]).await {
             Ok(_) => {
                 let acked_at = run_start.elapsed();
                 acks.push((acked_at, 1));

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::super::plot::{self, Chart, Series};
-use super::super::sink::{Counters, Received};
+use super::super::sink::{Counters, FLOOD_PRODUCER_PREFIX, Received};
 use super::super::stats::{self, FairnessSummary, Percentiles, ProducerTimeline, WINDOW};
 use super::{Acks, NoisyArgs};
 
@@ -16,6 +16,7 @@ pub(super) struct NoisyReport {
     flood_messages: u64,
     flooders: usize,
     quiet_producers: usize,
+    sink: super::SinkKind,
     sink_rate: f64,
     flood_seconds: f64,
     flood_produce_rate: f64,
@@ -47,8 +48,9 @@ pub(super) fn analyse(
     quiet_calls: Vec<Duration>,
     received: &[Received],
     counters: &Counters,
-    flood_seconds: f64,
+    flood: std::ops::Range<Duration>,
 ) -> NoisyReport {
+    let flood_seconds = (flood.end - flood.start).as_secs_f64();
     let mut timelines: BTreeMap<String, ProducerTimeline> = acks
         .into_iter()
         .map(|(producer, acknowledged)| {
@@ -70,7 +72,7 @@ pub(super) fn analyse(
             .push(delivery.at);
         if let Some(produced_at) = delivery.produced_at {
             let latency = delivery.at.saturating_sub(produced_at);
-            if delivery.producer.starts_with("flooder-") {
+            if delivery.producer.starts_with(FLOOD_PRODUCER_PREFIX) {
                 flood_latencies.push(latency);
             } else {
                 quiet_latencies.push(latency);
@@ -87,7 +89,7 @@ pub(super) fn analyse(
     let produced = counters.produced.load(Ordering::Relaxed);
     let flood_produced: u64 = timelines
         .iter()
-        .filter(|(producer, _)| producer.starts_with("flooder-"))
+        .filter(|(producer, _)| producer.starts_with(FLOOD_PRODUCER_PREFIX))
         .flat_map(|(_, timeline)| timeline.acknowledged.iter().map(|(_, count)| count))
         .sum();
     NoisyReport {
@@ -95,15 +97,12 @@ pub(super) fn analyse(
         flood_messages: args.messages,
         flooders: args.flooders,
         quiet_producers: args.quiet,
+        sink: args.sink,
         sink_rate: args.sink_rate,
         flood_seconds,
         flood_produce_rate: flood_produced as f64 / flood_seconds.max(f64::EPSILON),
         consume_rate: first.len() as f64 / (end - start).as_secs_f64().max(f64::EPSILON),
-        consume_rate_during_flood: rate_until(
-            &first,
-            start,
-            Duration::from_secs_f64(flood_seconds),
-        ),
+        consume_rate_during_flood: rate_until(&first, start, flood.end),
         produced,
         delivered: first.len() as u64,
         redeliveries: counters.redeliveries.load(Ordering::Relaxed),
@@ -140,7 +139,7 @@ pub(super) fn print_summary(report: &NoisyReport) {
         );
     };
     println!(
-        "noisy-neighbor: {} flooder(s) sent {} messages in {:.1} s ({:.0} msg/s); {} quiet producers; sink {} msg/s",
+        "noisy-neighbor: {} flooder(s) sent {} messages in {:.1} s ({:.0} msg/s); {} quiet producers; sink {} msg/s ({})",
         report.flooders,
         report.flood_messages,
         report.flood_seconds,
@@ -151,6 +150,7 @@ pub(super) fn print_summary(report: &NoisyReport) {
         } else {
             "uncapped".into()
         },
+        report.sink.name(),
     );
     println!(
         "consumed {} of {} produced at {:.0} msg/s, {:.0} msg/s while the flood lasted ({} redeliveries, {} not delivered, {} failed produce calls)",
@@ -193,18 +193,18 @@ pub(super) fn charts(received: &[Received], seconds: usize) -> Vec<Chart> {
             .entry(delivery.producer.clone())
             .or_insert_with(|| vec![0.0; seconds])[second] += 1.0;
         if let Some(produced_at) = delivery.produced_at {
-            let group = usize::from(!delivery.producer.starts_with("flooder-"));
+            let group = usize::from(!delivery.producer.starts_with(FLOOD_PRODUCER_PREFIX));
             latencies[group][second].push(delivery.at.saturating_sub(produced_at));
         }
     }
     let quiet: Vec<&Vec<f64>> = rates
         .iter()
-        .filter(|(producer, _)| !producer.starts_with("flooder-"))
+        .filter(|(producer, _)| !producer.starts_with(FLOOD_PRODUCER_PREFIX))
         .map(|(_, rate)| rate)
         .collect();
     let mut rate_series: Vec<Series> = rates
         .iter()
-        .filter(|(producer, _)| producer.starts_with("flooder-"))
+        .filter(|(producer, _)| producer.starts_with(FLOOD_PRODUCER_PREFIX))
         .enumerate()
         .map(|(index, (producer, rate))| Series {
             name: producer.clone(),
