@@ -2,15 +2,17 @@
 //! with publisher confirms, and taken once the broker acknowledges it.
 //!
 //! One connection and channel per pump, opened when the first batch goes
-//! and again after any failure. A batch's messages are all published, then
-//! their confirms awaited: a nack, or a message returned as unroutable
+//! and again after any failure; the pump's batches at the sink at once
+//! share it. A batch's messages are all published, then their confirms
+//! awaited: a nack, or a message returned as unroutable
 //! (they are published mandatory, so a missing queue loses nothing), is
 //! sent again after a back-off.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - `amqp://` only: no TLS to the broker yet.
-//! - A connection that fails mid-batch fails the whole batch: the messages
-//!   the broker had already confirmed are published again (duplicates).
+//! - A connection that fails mid-batch fails the whole batch, and the
+//!   other batches on it: the messages the broker had already confirmed are
+//!   published again (duplicates).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,19 +52,35 @@ impl AmqpTarget {
         }
     }
 
-    /// Publishes `messages`; one outcome per message, in order.
+    /// Publishes `messages`; one outcome per message, in order. Batches of
+    /// one pump published at once share its channel; only opening it is
+    /// done one at a time.
     pub async fn deliver(
         &self,
         messages: &[SinkMessage],
     ) -> Result<Vec<MessageOutcome>, DeliverError> {
-        let mut open = self.open.lock().await;
-        let published = tokio::time::timeout(self.timeout, self.publish(&mut open, messages)).await;
+        let opened = tokio::time::timeout(self.timeout, self.channel()).await;
+        let channel = match opened {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(error)) => return Err(error),
+            Err(_) => {
+                return Err(DeliverError::Call(format!(
+                    "no connection within {:?}",
+                    self.timeout
+                )));
+            }
+        };
+        let published = tokio::time::timeout(self.timeout, publish(&channel, self, messages)).await;
         let failure = match published {
             Ok(Ok(outcomes)) => return Ok(outcomes),
             Ok(Err(error)) => error,
             Err(_) => DeliverError::Call(format!("no confirms within {:?}", self.timeout)),
         };
-        if let Some((connection, _)) = open.take() {
+        let mut open = self.open.lock().await;
+        let failed_one_is_open = open
+            .as_ref()
+            .is_some_and(|(_, open_channel)| open_channel.id() == channel.id());
+        if failed_one_is_open && let Some((connection, _)) = open.take() {
             let _closing = connection
                 .close(0, "floret sink: batch failed".into())
                 .await;
@@ -70,13 +88,11 @@ impl AmqpTarget {
         Err(failure)
     }
 
-    async fn publish(
-        &self,
-        open: &mut Option<(Connection, Channel)>,
-        messages: &[SinkMessage],
-    ) -> Result<Vec<MessageOutcome>, DeliverError> {
+    /// The open confirming channel, opened first if there is none usable.
+    async fn channel(&self) -> Result<Channel, DeliverError> {
         let failed =
             |what: &str, error: lapin::Error| DeliverError::Call(format!("{what}: {error}"));
+        let mut open = self.open.lock().await;
         let usable = open.as_ref().is_some_and(|(connection, channel)| {
             connection.status().connected() && channel.status().connected()
         });
@@ -94,37 +110,47 @@ impl AmqpTarget {
                 .map_err(|e| failed("cannot enable publisher confirms", e))?;
             *open = Some((connection, channel));
         }
-        let (_, channel) = open.as_ref().expect("opened above");
-        let mut confirms = Vec::with_capacity(messages.len());
-        for message in messages {
-            let confirm = channel
-                .basic_publish(
-                    self.exchange.as_str().into(),
-                    routing_key(&self.routing_key, message).as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &message.payload,
-                    properties(message),
-                )
-                .await
-                .map_err(|e| failed("publish failed", e))?;
-            confirms.push(confirm);
-        }
-        let mut outcomes = Vec::with_capacity(confirms.len());
-        for confirm in confirms {
-            let confirmation = confirm.await.map_err(|e| failed("confirm failed", e))?;
-            outcomes.push(match confirmation {
-                Confirmation::Ack(None) | Confirmation::NotRequested => MessageOutcome::Ok,
-                Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => MessageOutcome::Retry(
-                    "returned by the broker: no queue is bound to its routing key".into(),
-                ),
-                Confirmation::Nack(None) => MessageOutcome::Retry("nacked by the broker".into()),
-            });
-        }
-        Ok(outcomes)
+        Ok(open.as_ref().expect("opened above").1.clone())
     }
+}
+
+/// Publishes `messages` on `channel` through `target`'s exchange, then
+/// awaits their confirms.
+async fn publish(
+    channel: &Channel,
+    target: &AmqpTarget,
+    messages: &[SinkMessage],
+) -> Result<Vec<MessageOutcome>, DeliverError> {
+    let failed = |what: &str, error: lapin::Error| DeliverError::Call(format!("{what}: {error}"));
+    let mut confirms = Vec::with_capacity(messages.len());
+    for message in messages {
+        let confirm = channel
+            .basic_publish(
+                target.exchange.as_str().into(),
+                routing_key(&target.routing_key, message).as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &message.payload,
+                properties(message),
+            )
+            .await
+            .map_err(|e| failed("publish failed", e))?;
+        confirms.push(confirm);
+    }
+    let mut outcomes = Vec::with_capacity(confirms.len());
+    for confirm in confirms {
+        let confirmation = confirm.await.map_err(|e| failed("confirm failed", e))?;
+        outcomes.push(match confirmation {
+            Confirmation::Ack(None) | Confirmation::NotRequested => MessageOutcome::Ok,
+            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => MessageOutcome::Retry(
+                "returned by the broker: no queue is bound to its routing key".into(),
+            ),
+            Confirmation::Nack(None) => MessageOutcome::Retry("nacked by the broker".into()),
+        });
+    }
+    Ok(outcomes)
 }
 
 /// `template` with `{producer}`, `{tenant}` and `{queue}` replaced.

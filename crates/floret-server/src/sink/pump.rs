@@ -79,8 +79,8 @@ pub struct PumpParts {
 type InFlight = Pin<Box<dyn Future<Output = BatchEnd> + Send>>;
 
 /// A batch's answers being settled through raft (removed, dead-lettered,
-/// or handed back after a failed call); resolves to how many messages.
-type Settling = Pin<Box<dyn Future<Output = usize> + Send>>;
+/// or handed back after a failed call).
+type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Batches whose settling may be under way at once: the next batch goes to
 /// the sink while the last ones' removals commit, but a pump whose sink is
@@ -97,11 +97,12 @@ struct BatchEnd {
     pushed_back: bool,
     /// Settles the rest of its messages.
     settle: Settling,
-    /// How many messages `settle` settles.
-    settling: usize,
 }
 
-/// The messages a pump holds: taken from the dispatcher and not yet settled.
+/// The messages a pump holds, which its credits bound: taken from the
+/// dispatcher and not yet answered by the sink, or asked for again and not
+/// yet handed back. (Those settling are bounded by
+/// [`SETTLING_BATCHES_AT_MOST`] instead.)
 #[derive(Default)]
 struct Held {
     /// In the batcher, or waiting for tokens.
@@ -110,14 +111,10 @@ struct Held {
     in_flight: usize,
     /// Asked for again, waiting for their back-off to hand them back.
     handing_back: usize,
-    /// Answered by the sink, their settling under way (bounded by
-    /// [`SETTLING_BATCHES_AT_MOST`], not by the credits).
-    settling: usize,
 }
 
 impl Held {
-    /// The messages the credits bound: all but those settling.
-    fn before_settling(&self) -> usize {
+    fn total(&self) -> usize {
         self.waiting + self.in_flight + self.handing_back
     }
 }
@@ -221,7 +218,6 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 in_flight_gauge.set(in_flight.len() as f64);
                 held.in_flight -= ended.sent;
                 held.handing_back += ended.asked_again;
-                held.settling += ended.settling;
                 settling.push(ended.settle);
                 let now = std::time::Instant::now();
                 if ended.pushed_back {
@@ -234,9 +230,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                     batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
                 }
             }
-            Some(settled) = settling.next(), if !settling.is_empty() => {
-                held.settling -= settled;
-            }
+            Some(()) = settling.next(), if !settling.is_empty() => {}
             Some(count) = handed_back_counts.recv() => {
                 held.handing_back = held.handing_back.saturating_sub(count);
             }
@@ -275,8 +269,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 }
             }
         }
-        let wanted =
-            ((batches_allowed + 1) * batch_limit(&bucket)).saturating_sub(held.before_settling());
+        let wanted = ((batches_allowed + 1) * batch_limit(&bucket)).saturating_sub(held.total());
         if wanted != unused_credits {
             let granted = if wanted > unused_credits {
                 parts
@@ -421,9 +414,7 @@ impl BatchSender {
                             pushed_back: true,
                             settle: Box::pin(async move {
                                 self.settle(SettleKind::Nack, ids).await;
-                                sent
                             }),
-                            settling: sent,
                         };
                     }
                     tracing::warn!(queue = %self.queue, %error, failures, retry_in_ms = wait.as_millis() as u64, "the sink did not take the batch; sending it again");
@@ -465,7 +456,6 @@ impl BatchSender {
                 let _pump_gone = later.handed_back.send(asked_again);
             });
         }
-        let settling = taken.len() + rejected.len();
         BatchEnd {
             sent,
             asked_again,
@@ -475,9 +465,7 @@ impl BatchSender {
                     self.settle(SettleKind::Ack, taken),
                     self.settle(SettleKind::DeadLetter, rejected),
                 );
-                settling
             }),
-            settling,
         }
     }
 

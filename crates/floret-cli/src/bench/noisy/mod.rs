@@ -114,6 +114,10 @@ pub struct NoisyArgs {
     /// The floret sink's linger, ms.
     #[arg(long, default_value_t = 5)]
     sink_linger_ms: u32,
+    /// The floret sink's max_in_flight, batches for the whole cluster (0:
+    /// one per node).
+    #[arg(long, default_value_t = 0)]
+    sink_max_in_flight: u32,
     /// Give up retrying failed flood produces, and waiting for the last
     /// deliveries, after this long.
     #[arg(long, default_value_t = 600)]

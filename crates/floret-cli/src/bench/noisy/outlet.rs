@@ -105,6 +105,7 @@ impl Outlet {
             target: Some(floret_target),
             batch_max: args.sink_batch_max,
             linger_ms: args.sink_linger_ms,
+            max_in_flight: args.sink_max_in_flight,
             rate: args.sink_cap.unwrap_or(cap.max(0.0) as u32),
             ..Default::default()
         };
