@@ -178,3 +178,77 @@ async fn batches_at_the_sink_never_exceed_the_cluster_wide_cap_and_reach_it() {
         "the nodes never used the whole cap"
     );
 }
+
+/// The cap of the flood-and-trickle test, messages/s.
+const FLOOD_CAP: u32 = 600;
+/// Messages the flooding producer sends up front.
+const FLOOD: u64 = 6_000;
+/// Quiet producers, each sending one message every [`QUIET_PACE`].
+const QUIET: usize = 9;
+const QUIET_PACE: Duration = Duration::from_millis(100);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_one_node_drains_at_the_cap_while_quiet_producers_elsewhere_trickle() {
+    let _one_cluster = one_cluster_at_a_time().await;
+    let root = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
+    let sink = DevSink::new(DevSinkBehaviour::default());
+    let client = cluster.client_of(&cluster.addresses());
+    sink_orders_into(
+        &client,
+        &sink,
+        SinkSpec {
+            rate: FLOOD_CAP,
+            ..Default::default()
+        },
+    )
+    .await;
+    let trickling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let quiet: Vec<_> = (0..QUIET)
+        .map(|producer| {
+            let (client, trickling) = (client.clone(), trickling.clone());
+            tokio::spawn(async move {
+                let name = format!("quiet{producer}");
+                let mut sender = client.producer("orders", &name);
+                let mut sequence = 0;
+                while trickling.load(std::sync::atomic::Ordering::SeqCst) {
+                    sender.send(vec![message(&name, sequence)]).await.unwrap();
+                    sequence += 1;
+                    tokio::time::sleep(QUIET_PACE).await;
+                }
+            })
+        })
+        .collect();
+    let mut flood = client.producer("orders", "flood");
+    for first in (0..FLOOD).step_by(100) {
+        let batch = (first..first + 100).map(|i| message("flood", i)).collect();
+        flood.send(batch).await.unwrap();
+    }
+    let flood_arrivals = || {
+        sink.received()
+            .into_iter()
+            .filter(|r| r.message.producer_id == "flood")
+            .map(|r| r.at)
+            .collect::<Vec<_>>()
+    };
+    eventually(DRAIN_DEADLINE, "the flood at the sink", || {
+        let all = flood_arrivals().len() as u64 >= FLOOD;
+        async move { all }
+    })
+    .await;
+    trickling.store(false, std::sync::atomic::Ordering::SeqCst);
+    for producer in quiet {
+        producer.await.unwrap();
+    }
+    let arrivals = flood_arrivals();
+    let took = (*arrivals.last().unwrap() - arrivals[0]).as_secs_f64();
+    let flood_rate = FLOOD as f64 / took;
+    let left_by_quiet = f64::from(FLOOD_CAP) - QUIET as f64 / QUIET_PACE.as_secs_f64();
+    eprintln!(
+        "sink flood and trickle: the flood drained at {flood_rate:.0} msg/s of the {left_by_quiet:.0} the quiet producers leave of a cap of {FLOOD_CAP}"
+    );
+    assert!(
+        flood_rate >= 0.7 * left_by_quiet,
+        "the flood drained at {flood_rate:.0} msg/s; the quiet producers leave {left_by_quiet:.0} of the cap"
+    );
+}

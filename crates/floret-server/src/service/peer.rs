@@ -438,9 +438,7 @@ impl Peer for PeerService {
         &self,
         request: Request<floret_proto::peer::v1::SinkWeightRequest>,
     ) -> Result<Response<floret_proto::peer::v1::SinkWeightResponse>, Status> {
-        let weight = self.this_node.sink_weights.get(&request.get_ref().queue);
-        Ok(Response::new(floret_proto::peer::v1::SinkWeightResponse {
-            weight,
-        }))
+        let demand = self.this_node.sink_weights.demand(&request.get_ref().queue);
+        Ok(Response::new(demand.to_wire()))
     }
 }

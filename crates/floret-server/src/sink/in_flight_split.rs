@@ -2,33 +2,50 @@
 //! whole cluster, split between the nodes that pump into it by backlogged
 //! weight. Pure: the weights are passed in.
 //!
-//! Every node apportions the cap over all members from the weights it
+//! Every node apportions the cap over all members from the demands it
 //! polled for the rate (`Peer.SinkWeight`), the same way, and keeps its own
 //! part:
 //! - a node that did not answer keeps one batch reserved, since it may be
 //!   pumping;
 //! - every node with a backlog gets one batch;
 //! - what is left goes by weight, whole batches to each node's quota first,
-//!   then one each to the largest remainders (ties to the lower node id).
+//!   then one each to the largest remainders (ties to the lower node id);
+//!   once some node's part held a batch back, only such nodes weigh, so a
+//!   node whose one batch is enough does not keep batches it cannot use.
 //!
 //! A node always allows itself one batch, so a backlog that appeared since
 //! the last poll is not stalled: until the next polls that is at most one
 //! batch over the cap per such node. A cap under the number of nodes with a
 //! backlog acts as one batch per such node.
 
-/// A member's id and the backlogged weight it answered (None: silent).
-pub type NodeWeight = (u64, Option<u64>);
+use super::weights::PumpDemand;
 
-/// How many batches node `me`, whose own backlogged weight is `own`, may
-/// have at the sink at once under a cluster-wide cap of `cap` batches;
-/// `others` are the other members' answers.
-pub fn node_batches(cap: u32, me: u64, own: u64, others: &[NodeWeight]) -> usize {
-    let mut nodes: Vec<NodeWeight> = others.to_vec();
-    nodes.push((me, Some(own)));
-    nodes.sort_by_key(|(id, _)| *id);
-    let mut batches: Vec<usize> = nodes
+/// A member's id and the demand it answered (None: silent).
+pub type NodeDemand = (u64, Option<PumpDemand>);
+
+/// How many batches node `me`, whose own demand is `own`, may have at the
+/// sink at once under a cluster-wide cap of `cap` batches; `others` are
+/// the other members' answers.
+pub fn node_batches(cap: u32, me: u64, own: &PumpDemand, others: &[NodeDemand]) -> usize {
+    let mut demands: Vec<NodeDemand> = others.to_vec();
+    demands.push((me, Some(*own)));
+    demands.sort_by_key(|(id, _)| *id);
+    let some_held_back = demands
         .iter()
-        .map(|(_, weight)| usize::from(weight != &Some(0)))
+        .any(|(_, demand)| demand.is_some_and(|d| d.batches_held_back));
+    let nodes: Vec<(u64, Option<u64>)> = demands
+        .iter()
+        .map(|(id, demand)| {
+            let weight = demand.map(|d| {
+                let weighs = d.batches_held_back || !some_held_back;
+                if weighs { d.weight } else { 0 }
+            });
+            (*id, weight)
+        })
+        .collect();
+    let mut batches: Vec<usize> = demands
+        .iter()
+        .map(|(_, demand)| usize::from(demand.is_none_or(|d| d.weight > 0)))
         .collect();
     let left = (cap as usize).saturating_sub(batches.iter().sum());
     let total: u64 = nodes.iter().filter_map(|(_, weight)| *weight).sum();
@@ -61,17 +78,29 @@ pub fn node_batches(cap: u32, me: u64, own: u64, others: &[NodeWeight]) -> usize
 mod tests {
     use super::*;
 
-    /// Every node's part, as each computes it from the same weights.
-    fn parts(cap: u32, weights: &[u64]) -> Vec<usize> {
-        (0..weights.len())
+    fn weighing(weight: u64) -> PumpDemand {
+        PumpDemand {
+            weight,
+            ..PumpDemand::default()
+        }
+    }
+
+    /// Every node's part, as each computes it from the same demands.
+    fn parts_of(cap: u32, demands: &[PumpDemand]) -> Vec<usize> {
+        (0..demands.len())
             .map(|me| {
-                let others: Vec<NodeWeight> = (0..weights.len())
+                let others: Vec<NodeDemand> = (0..demands.len())
                     .filter(|&n| n != me)
-                    .map(|n| (n as u64 + 1, Some(weights[n])))
+                    .map(|n| (n as u64 + 1, Some(demands[n])))
                     .collect();
-                node_batches(cap, me as u64 + 1, weights[me], &others)
+                node_batches(cap, me as u64 + 1, &demands[me], &others)
             })
             .collect()
+    }
+
+    fn parts(cap: u32, weights: &[u64]) -> Vec<usize> {
+        let demands: Vec<PumpDemand> = weights.iter().map(|&w| weighing(w)).collect();
+        parts_of(cap, &demands)
     }
 
     #[test]
@@ -92,8 +121,21 @@ mod tests {
 
     #[test]
     fn a_silent_node_keeps_one_batch_reserved() {
-        let others = [(2, None), (3, Some(5))];
-        assert_eq!(node_batches(6, 1, 5, &others), 3);
+        let others = [(2, None), (3, Some(weighing(5)))];
+        assert_eq!(node_batches(6, 1, &weighing(5), &others), 3);
+    }
+
+    #[test]
+    fn once_a_node_is_held_back_only_held_back_nodes_weigh() {
+        let flood = PumpDemand {
+            weight: 1,
+            batches_held_back: true,
+            ..PumpDemand::default()
+        };
+        assert_eq!(
+            parts_of(12, &[flood, weighing(5), weighing(5)]),
+            vec![10, 1, 1]
+        );
     }
 
     #[test]

@@ -19,9 +19,11 @@
 //! the sink, so the messages it holds are the next ones in fair order, not
 //! a hoard.
 //!
-//! It has one batch at the sink at a time, or with `max_in_flight` its
-//! part of that cluster-wide cap (`in_flight_split.rs`, from the same
-//! polls, and the smallest of the last three parts too); the next batch
+//! It has one batch at the sink at a time; with `max_in_flight`, its part
+//! of that cluster-wide cap (`in_flight_split.rs`, from the same polls, and
+//! the smallest of the last three parts too); with a rate cap and no
+//! `max_in_flight`, as many as its part of the rate needs over the sink's
+//! average answer time (`rate_split::batches_for_rate`). The next batch
 //! forms meanwhile. A batch leaves the sink's count once the sink answered:
 //! its settling commits in the background (at most
 //! [`SETTLING_BATCHES_AT_MOST`] batches at once), so a raft round trip does
@@ -51,9 +53,9 @@ use super::aimd::Aimd;
 use super::backoff;
 use super::batcher::Batcher;
 use super::in_flight_split::node_batches;
-use super::rate_split::{TokenBucket, node_rate};
+use super::rate_split::{TokenBucket, batches_for_rate, node_rate};
 use super::target::{MessageOutcome, Target};
-use super::weights::{self, LocalSinkWeights};
+use super::weights::{self, LocalSinkWeights, PumpDemand};
 use crate::deliver::{
     ConsumerEvent, Delivered, DispatcherHandle, SettleKind, SettledBy, StreamKey, StreamOwner,
 };
@@ -87,6 +89,9 @@ type Settling = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// faster than raft waits rather than holding ever more leases.
 const SETTLING_BATCHES_AT_MOST: usize = 4;
 
+/// Weight of the latest batch in a pump's average answer time.
+const ANSWER_TIME_WEIGHT: f64 = 0.2;
+
 /// What became of a batch at the sink.
 struct BatchEnd {
     /// Messages it held.
@@ -95,6 +100,8 @@ struct BatchEnd {
     asked_again: usize,
     /// Whether the sink pushed back: a failed call, or messages asked again.
     pushed_back: bool,
+    /// How long the sink took to answer it (None: it never did).
+    answered_in: Option<Duration>,
     /// Settles the rest of its messages.
     settle: Settling,
 }
@@ -155,8 +162,21 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             .as_ref()
             .map_or(limit, |b| limit.min(b.batch_limit()))
     };
-    let mut batches_allowed = 1;
-    let mut unused_credits = (batches_allowed + 1) * batch_limit(&bucket);
+    let mut in_flight_part = 1;
+    let mut answer_time: Option<Duration> = None;
+    let allowed_batches = |bucket: &Option<TokenBucket>,
+                           in_flight_part: usize,
+                           answer_time: Option<Duration>| {
+        match (bucket, answer_time) {
+            (Some(bucket), Some(answer_time)) if sink.max_in_flight == 0 => batches_for_rate(
+                bucket.rate(),
+                batch_limit(&Some(bucket.clone())),
+                answer_time,
+            ),
+            _ => in_flight_part,
+        }
+    };
+    let mut unused_credits = 2 * batch_limit(&bucket);
     let Ok(consumer) = parts
         .dispatcher
         .subscribe(
@@ -193,6 +213,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
     let mut next: Option<Vec<Delivered>> = None;
     let mut tokens_at: Option<std::time::Instant> = None;
     loop {
+        let batches_allowed = allowed_batches(&bucket, in_flight_part, answer_time);
         let may_send =
             in_flight.len() < batches_allowed && settling.len() < SETTLING_BATCHES_AT_MOST;
         let wake = if !may_send {
@@ -210,7 +231,9 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                     let bytes = delivered.message.payload.len() as u64;
                     batcher.push(*delivered, bytes, std::time::Instant::now());
                 }
-                Some(ConsumerEvent::Backlog(report)) => parts.weights.set(&queue, report.weight),
+                Some(ConsumerEvent::Backlog(report)) => {
+                    parts.weights.set_weight(&queue, report.weight);
+                }
                 Some(ConsumerEvent::Settled(_)) => {}
                 None => break,
             },
@@ -219,6 +242,11 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 held.in_flight -= ended.sent;
                 held.handing_back += ended.asked_again;
                 settling.push(ended.settle);
+                if let Some(answered_in) = ended.answered_in {
+                    answer_time = Some(answer_time.map_or(answered_in, |average| {
+                        average.mul_f64(1.0 - ANSWER_TIME_WEIGHT) + answered_in.mul_f64(ANSWER_TIME_WEIGHT)
+                    }));
+                }
                 let now = std::time::Instant::now();
                 if ended.pushed_back {
                     aimd.pushed_back(now);
@@ -237,7 +265,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             Ok(()) = part_changes.changed() => {
                 let node_parts = *part_changes.borrow();
                 rate_part = node_parts.and_then(|p| p.rate);
-                batches_allowed = node_parts.map_or(1, |p| p.batches);
+                in_flight_part = node_parts.map_or(1, |p| p.batches);
                 if let (Some(bucket), Some(part)) = (bucket.as_mut(), rate_part) {
                     bucket.set_rate(part * aimd.share(), std::time::Instant::now());
                     batcher.set_batch_max(batch_limit(&Some(bucket.clone())));
@@ -246,6 +274,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
             () = sleep_until(wake), if wake.is_some() => {}
             _ = stop.changed() => break,
         }
+        let batches_allowed = allowed_batches(&bucket, in_flight_part, answer_time);
         while in_flight.len() < batches_allowed && settling.len() < SETTLING_BATCHES_AT_MOST {
             let now = std::time::Instant::now();
             if next.is_none() {
@@ -259,15 +288,20 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                     tokens_at = None;
                     held.waiting -= batch.len();
                     held.in_flight += batch.len();
+                    parts.weights.sent(&queue, batch.len());
                     in_flight.push(Box::pin(sender.clone().send(batch)));
                     in_flight_gauge.set(in_flight.len() as f64);
                 }
                 Err(ready) => {
+                    parts.weights.rate_held_back(&queue);
                     tokens_at = Some(ready);
                     next = Some(batch);
                     break;
                 }
             }
+        }
+        if in_flight.len() >= batches_allowed && held.waiting > 0 {
+            parts.weights.batches_held_back(&queue);
         }
         let wanted = ((batches_allowed + 1) * batch_limit(&bucket)).saturating_sub(held.total());
         if wanted != unused_credits {
@@ -329,14 +363,14 @@ async fn follow_parts(
     let mut recent: VecDeque<NodeParts> = std::iter::repeat_n(even, PARTS_REMEMBERED).collect();
     loop {
         poll.tick().await;
+        let own = parts.weights.roll(&queue, std::time::Instant::now());
         let others = weights::others(&parts.shards, &queue).await;
-        let own = parts.weights.get(&queue);
-        let answers: Vec<Option<u64>> = others.iter().map(|(_, weight)| *weight).collect();
+        let answers: Vec<Option<PumpDemand>> = others.iter().map(|(_, demand)| *demand).collect();
         recent.pop_front();
         recent.push_back(NodeParts {
-            rate: (sink.rate > 0).then(|| node_rate(rate_cap, own, &answers)),
+            rate: (sink.rate > 0).then(|| node_rate(rate_cap, &own, &answers)),
             batches: if sink.max_in_flight > 0 {
-                node_batches(sink.max_in_flight, peers.node_id(), own, &others)
+                node_batches(sink.max_in_flight, peers.node_id(), &own, &others)
             } else {
                 1
             },
@@ -345,6 +379,7 @@ async fn follow_parts(
             rate: recent.iter().filter_map(|p| p.rate).reduce(f64::min),
             batches: recent.iter().map(|p| p.batches).min().unwrap_or(1),
         };
+        tracing::debug!(%queue, ?own, ?others, ?used, "the sink's parts of this node");
         if let Some(rate) = used.rate {
             metrics::gauge!("floret_sink_rate_part", "queue" => queue.clone()).set(rate);
         }
@@ -390,16 +425,17 @@ impl BatchSender {
         let messages: Vec<SinkMessage> = batch.into_iter().map(sink_message).collect();
         let mut failures = 0;
         metrics::histogram!("floret_sink_batch_messages").record(messages.len() as f64);
-        let outcomes = loop {
+        let (outcomes, answered_in) = loop {
             let sent_at = Instant::now();
             let answer = self.target.deliver(&messages).await;
             let result = if answer.is_ok() { "answered" } else { "failed" };
             metrics::counter!("floret_sink_batches_total", "queue" => self.queue.clone(), "result" => result).increment(1);
             match answer {
                 Ok(outcomes) => {
+                    let answered_in = sent_at.elapsed();
                     metrics::histogram!("floret_sink_batch_seconds")
-                        .record(sent_at.elapsed().as_secs_f64());
-                    break outcomes;
+                        .record(answered_in.as_secs_f64());
+                    break (outcomes, answered_in);
                 }
                 Err(error) => {
                     failures += 1;
@@ -412,6 +448,7 @@ impl BatchSender {
                             sent,
                             asked_again: 0,
                             pushed_back: true,
+                            answered_in: None,
                             settle: Box::pin(async move {
                                 self.settle(SettleKind::Nack, ids).await;
                             }),
@@ -460,6 +497,7 @@ impl BatchSender {
             sent,
             asked_again,
             pushed_back: failures > 0 || asked_again > 0,
+            answered_in: Some(answered_in),
             settle: Box::pin(async move {
                 tokio::join!(
                     self.settle(SettleKind::Ack, taken),
