@@ -6,6 +6,7 @@
 //! that, ends in the dead letters.
 
 use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
 use std::time::Duration;
 
 use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
@@ -17,9 +18,17 @@ use super::{DRAIN_DEADLINE, SHARDS, message};
 
 const PRODUCERS: usize = 12;
 
-/// Serves `sink` on a loopback port and makes it the gRPC sink of queue
-/// "orders", with `settings`' other fields, through `client`.
-pub(super) async fn sink_orders_into(client: &Client, sink: &DevSink, settings: SinkSpec) {
+/// Three nodes under `root` whose queue "orders" pushes into a dev sink
+/// behaving as `behaviour` (served on a loopback port), with `settings`'
+/// other fields; with that sink and a client of all three nodes.
+pub(super) async fn three_nodes_pushing_into_a_dev_sink(
+    root: &Path,
+    behaviour: DevSinkBehaviour,
+    settings: SinkSpec,
+) -> (Cluster, DevSink, Client) {
+    let cluster = Cluster::start(root, 3, &["--shards", SHARDS]);
+    let sink = DevSink::new(behaviour);
+    let client = cluster.client_of(&cluster.addresses());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(sink.clone().serve(listener));
@@ -28,6 +37,7 @@ pub(super) async fn sink_orders_into(client: &Client, sink: &DevSink, settings: 
         ..settings
     };
     client.set_sink("orders", spec).await.unwrap();
+    (cluster, sink, client)
 }
 const MESSAGES_PER_PRODUCER: u64 = 300;
 /// What the sink takes a second: slow enough that the kill comes mid-stream.
@@ -41,15 +51,12 @@ const SINK_DOWN: Duration = Duration::from_secs(20);
 async fn a_killed_leaders_messages_reach_the_sink_through_the_new_leaders() {
     let _one_cluster = one_cluster_at_a_time().await;
     let root = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
-    let sink = DevSink::new(DevSinkBehaviour {
-        rate: Some(SINK_RATE),
-        ..Default::default()
-    });
-    let client = cluster.client_of(&cluster.addresses());
-    sink_orders_into(
-        &client,
-        &sink,
+    let (mut cluster, sink, client) = three_nodes_pushing_into_a_dev_sink(
+        root.path(),
+        DevSinkBehaviour {
+            rate: Some(SINK_RATE),
+            ..Default::default()
+        },
         SinkSpec {
             batch_max: 50,
             linger_ms: 5,
@@ -115,15 +122,12 @@ async fn a_sink_down_for_20_s_grows_the_backlog_loses_nothing_and_dead_letters_e
 {
     let _one_cluster = one_cluster_at_a_time().await;
     let root = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
-    let sink = DevSink::new(DevSinkBehaviour {
-        reject_percent: 1,
-        ..Default::default()
-    });
-    let client = cluster.client_of(&cluster.addresses());
-    sink_orders_into(
-        &client,
-        &sink,
+    let (cluster, sink, client) = three_nodes_pushing_into_a_dev_sink(
+        root.path(),
+        DevSinkBehaviour {
+            reject_percent: 1,
+            ..Default::default()
+        },
         SinkSpec {
             ..Default::default()
         },

@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use floret_client::SinkSpec;
-use floret_client::dev_sink::{DevSink, DevSinkBehaviour};
+use floret_client::dev_sink::DevSinkBehaviour;
+use floret_client::{Client, SinkSpec};
 
-use super::harness::{Cluster, eventually, one_cluster_at_a_time};
-use super::sink_failover::sink_orders_into;
-use super::{DRAIN_DEADLINE, SHARDS, message};
+use super::harness::{eventually, one_cluster_at_a_time};
+use super::sink_failover::three_nodes_pushing_into_a_dev_sink;
+use super::{DRAIN_DEADLINE, message};
 
 const PRODUCERS: usize = 12;
 const MESSAGES_PER_PRODUCER: u64 = 2_500;
@@ -33,33 +33,35 @@ fn jain(shares: &[f64]) -> f64 {
     sum * sum / (shares.len() as f64 * squares)
 }
 
+/// Sends `per_producer` messages to queue "orders" from each of
+/// [`PRODUCERS`] producers ("p00", "p01", ...) in calls of 100; returns how
+/// many in all.
+async fn produce_in_hundreds(client: &Client, per_producer: u64) -> usize {
+    for producer in 0..PRODUCERS {
+        let name = format!("p{producer:02}");
+        let mut sender = client.producer("orders", &name);
+        for first in (0..per_producer).step_by(100) {
+            let batch = (first..first + 100).map(|i| message(&name, i)).collect();
+            sender.send(batch).await.unwrap();
+        }
+    }
+    PRODUCERS * per_producer as usize
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_sink_gets_no_more_than_its_cap_and_even_shares_per_producer() {
     let _one_cluster = one_cluster_at_a_time().await;
     let root = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
-    let sink = DevSink::new(DevSinkBehaviour::default());
-    let client = cluster.client_of(&cluster.addresses());
-    sink_orders_into(
-        &client,
-        &sink,
+    let (_cluster, sink, client) = three_nodes_pushing_into_a_dev_sink(
+        root.path(),
+        DevSinkBehaviour::default(),
         SinkSpec {
             rate: CAP,
             ..Default::default()
         },
     )
     .await;
-    let mut senders = Vec::new();
-    for producer in 0..PRODUCERS {
-        let name = format!("p{producer:02}");
-        let mut sender = client.producer("orders", &name);
-        for first in (0..MESSAGES_PER_PRODUCER).step_by(100) {
-            let batch = (first..first + 100).map(|i| message(&name, i)).collect();
-            sender.send(batch).await.unwrap();
-        }
-        senders.push(sender);
-    }
-    let total = PRODUCERS * MESSAGES_PER_PRODUCER as usize;
+    let total = produce_in_hundreds(&client, MESSAGES_PER_PRODUCER).await;
     eventually(DRAIN_DEADLINE, "every message at the sink", || {
         let all = sink.received().len() >= total;
         async move { all }
@@ -135,15 +137,12 @@ const MAX_IN_FLIGHT: u32 = 4;
 async fn batches_at_the_sink_never_exceed_the_cluster_wide_cap_and_reach_it() {
     let _one_cluster = one_cluster_at_a_time().await;
     let root = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
-    let sink = DevSink::new(DevSinkBehaviour {
-        latency: Duration::from_millis(100),
-        ..Default::default()
-    });
-    let client = cluster.client_of(&cluster.addresses());
-    sink_orders_into(
-        &client,
-        &sink,
+    let (_cluster, sink, client) = three_nodes_pushing_into_a_dev_sink(
+        root.path(),
+        DevSinkBehaviour {
+            latency: Duration::from_millis(100),
+            ..Default::default()
+        },
         SinkSpec {
             batch_max: 20,
             max_in_flight: MAX_IN_FLIGHT,
@@ -151,17 +150,7 @@ async fn batches_at_the_sink_never_exceed_the_cluster_wide_cap_and_reach_it() {
         },
     )
     .await;
-    let mut senders = Vec::new();
-    for producer in 0..PRODUCERS {
-        let name = format!("p{producer:02}");
-        let mut sender = client.producer("orders", &name);
-        for first in (0..500).step_by(100) {
-            let batch = (first..first + 100).map(|i| message(&name, i)).collect();
-            sender.send(batch).await.unwrap();
-        }
-        senders.push(sender);
-    }
-    let total = PRODUCERS * 500;
+    let total = produce_in_hundreds(&client, 500).await;
     eventually(DRAIN_DEADLINE, "every message at the sink", || {
         let all = sink.received().len() >= total;
         async move { all }
@@ -191,12 +180,9 @@ const QUIET_PACE: Duration = Duration::from_millis(100);
 async fn a_flood_on_one_node_drains_at_the_cap_while_quiet_producers_elsewhere_trickle() {
     let _one_cluster = one_cluster_at_a_time().await;
     let root = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(root.path(), 3, &["--shards", SHARDS]);
-    let sink = DevSink::new(DevSinkBehaviour::default());
-    let client = cluster.client_of(&cluster.addresses());
-    sink_orders_into(
-        &client,
-        &sink,
+    let (_cluster, sink, client) = three_nodes_pushing_into_a_dev_sink(
+        root.path(),
+        DevSinkBehaviour::default(),
         SinkSpec {
             rate: FLOOD_CAP,
             ..Default::default()

@@ -14,6 +14,7 @@
 //!   nodes and its token bucket, the split of the cap on batches in flight,
 //!   and the share of the rate used while the sink pushes back.
 //! - `weights.rs`: the backlogged weights the split goes by.
+//! - `sender.rs`: sending one batch and settling its messages.
 //! - `target.rs`, `webhook.rs`, `amqp.rs`: the gRPC, HTTP and AMQP sink
 //!   clients.
 //!
@@ -28,6 +29,7 @@ mod batcher;
 mod in_flight_split;
 mod pump;
 mod rate_split;
+mod sender;
 pub mod spec;
 mod target;
 mod webhook;
