@@ -175,6 +175,10 @@ const FLOOD: u64 = 6_000;
 /// Quiet producers, each sending one message every [`QUIET_PACE`].
 const QUIET: usize = 9;
 const QUIET_PACE: Duration = Duration::from_millis(100);
+/// Share of what the quiet producers leave of the cap the flood must get:
+/// three debug nodes on two cores gave it 309-438 msg/s of 510; a split by
+/// weight alone gave it 73.
+const FLOOD_SHARE_AT_LEAST: f64 = 0.4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_on_one_node_drains_at_the_cap_while_quiet_producers_elsewhere_trickle() {
@@ -234,7 +238,7 @@ async fn a_flood_on_one_node_drains_at_the_cap_while_quiet_producers_elsewhere_t
         "sink flood and trickle: the flood drained at {flood_rate:.0} msg/s of the {left_by_quiet:.0} the quiet producers leave of a cap of {FLOOD_CAP}"
     );
     assert!(
-        flood_rate >= 0.7 * left_by_quiet,
+        flood_rate >= FLOOD_SHARE_AT_LEAST * left_by_quiet,
         "the flood drained at {flood_rate:.0} msg/s; the quiet producers leave {left_by_quiet:.0} of the cap"
     );
 }

@@ -331,7 +331,11 @@ async fn follow_parts(
     let mut recent: VecDeque<NodeParts> = std::iter::repeat_n(even, PARTS_REMEMBERED).collect();
     loop {
         poll.tick().await;
-        let own = parts.weights.roll(&queue, std::time::Instant::now());
+        let own = parts.weights.roll(
+            &queue,
+            std::time::Instant::now(),
+            recent.iter().filter_map(|part| part.rate).reduce(f64::min),
+        );
         let others = weights::others(&parts.shards, &queue).await;
         let answers: Vec<Option<PumpDemand>> = others.iter().map(|(_, demand)| *demand).collect();
         recent.pop_front();

@@ -11,15 +11,16 @@
 //!   gets a floor of [`FLOOR_FRACTION`] of an even part (so a node whose
 //!   backlog just appeared is not stalled until the others hear of it), and
 //!   the remainder goes by weight (evenly while no one has any);
-//! - the split is weighted max-min fair over what each node asks for: what
-//!   it sent in its last poll with [`HEADROOM`], or [`HELD_BACK_GROWTH`]
-//!   times that if its part held it back (never under the floor). A node
-//!   gets at most what it asks for; the nodes that ask for more share what
-//!   the others leave by weight; what no one asks for goes to the held-back
-//!   nodes by what they ask for (by weight while none is held back). A node
-//!   of quiet producers, each briefly backlogged with one message, so keeps
-//!   what it uses rather than a large weighted part it cannot use while a
-//!   flood waits on another node, and the flood's node takes the rest.
+//! - the split is weighted max-min fair over what each node asks for: no
+//!   limit if its part held it back (it used [`HELD_BACK_USE`] of it with a
+//!   batch waiting for tokens), else what it sent in its last poll with
+//!   [`HEADROOM`], never under the floor. A node gets at most what it asks
+//!   for; the nodes that ask for more share what the others leave by
+//!   weight; what no one asks for goes by weight. A node of quiet
+//!   producers, each briefly backlogged with one message, so keeps what it
+//!   uses rather than a large weighted part it cannot use while a flood
+//!   waits on another node, and the flood's node takes the rest; nodes all
+//!   held back split by weight alone.
 //!
 //! Nodes compute their parts from views taken at slightly different times,
 //! so a pump uses the smallest of its last three parts: a part only grows
@@ -60,43 +61,27 @@ pub fn node_rate(cap: f64, own: &PumpDemand, others: &[Option<PumpDemand>]) -> f
         .collect();
     let parts = water_fill(budget, &demands, &fill_weights);
     let spare = (budget - parts.iter().sum::<f64>()).max(0.0);
-    let held_back_demand: f64 = answering
-        .iter()
-        .zip(&demands)
-        .filter(|(node, _)| node.rate_held_back)
-        .map(|(_, demand)| demand)
-        .sum();
-    let own_spare = if held_back_demand > 0.0 {
-        if own.rate_held_back {
-            spare * demands[0] / held_back_demand
-        } else {
-            0.0
-        }
+    let total: u64 = answering.iter().map(|node| node.weight).sum();
+    let own_spare = if total == 0 {
+        spare / answering.len() as f64
     } else {
-        let total: u64 = answering.iter().map(|node| node.weight).sum();
-        if total == 0 {
-            spare / answering.len() as f64
-        } else {
-            spare * own.weight as f64 / total as f64
-        }
+        spare * own.weight as f64 / total as f64
     };
     parts[0] + own_spare
 }
 
-/// How much of what it sent a node its part held back asks for next: its
-/// demand doubles each poll until its part stops holding it back.
-pub const HELD_BACK_GROWTH: f64 = 2.0;
+/// Share of its part a node must have sent in a poll, with a batch waiting
+/// for tokens, for its part to count as holding it back: a node of quiet
+/// producers whose burst waited once, using less, is not held back.
+pub const HELD_BACK_USE: f64 = 0.9;
 
-/// What a node asks for: what it sent, with [`HEADROOM`], or
-/// [`HELD_BACK_GROWTH`] times it when its part held it back; never under
-/// `floor`.
+/// What a node asks for: no limit when its part held it back, else what it
+/// sent with [`HEADROOM`], never under `floor`.
 fn demand(node: &PumpDemand, floor: f64) -> f64 {
-    let growth = if node.rate_held_back {
-        HELD_BACK_GROWTH
-    } else {
-        HEADROOM
-    };
-    (node.sent_per_second * growth).max(floor)
+    if node.rate_held_back {
+        return f64::INFINITY;
+    }
+    (node.sent_per_second * HEADROOM).max(floor)
 }
 
 /// Weighted max-min fair shares of `budget`: no node gets more than its

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use floret_cluster::Shards;
 use floret_proto::peer::v1::{SinkWeightRequest, SinkWeightResponse};
 
+use super::rate_split::HELD_BACK_USE;
+
 /// How long a node's answer is waited for; no answer counts as silent.
 pub const ANSWER_WAIT: Duration = Duration::from_millis(200);
 
@@ -95,21 +97,27 @@ impl LocalSinkWeights {
         self.record(queue, |record| record.batches_held_back = true);
     }
 
-    /// Ends the pump's poll at `now`: what it recorded since the last one
-    /// becomes its demand, and it starts recording afresh.
-    pub(super) fn roll(&self, queue: &str, now: Instant) -> PumpDemand {
+    /// Ends the pump's poll at `now`, in which its part of the rate was
+    /// `rate_part` (None: no cap): what it recorded since the last one
+    /// becomes its demand, and it starts recording afresh. A batch that
+    /// waited for tokens counts as the part holding the pump back only if
+    /// it sent at least [`HELD_BACK_USE`] of that part.
+    pub(super) fn roll(&self, queue: &str, now: Instant, rate_part: Option<f64>) -> PumpDemand {
         self.record(queue, |record| {
             let seconds = record
                 .rolled_at
                 .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+            let sent_per_second = if seconds > 0.0 {
+                record.sent as f64 / seconds
+            } else {
+                0.0
+            };
+            let used_its_part =
+                rate_part.is_some_and(|part| sent_per_second >= HELD_BACK_USE * part);
             record.last = PumpDemand {
                 weight: record.weight,
-                sent_per_second: if seconds > 0.0 {
-                    record.sent as f64 / seconds
-                } else {
-                    0.0
-                },
-                rate_held_back: record.rate_held_back,
+                sent_per_second,
+                rate_held_back: record.rate_held_back && used_its_part,
                 batches_held_back: record.batches_held_back,
             };
             record.sent = 0;
@@ -171,17 +179,28 @@ mod tests {
         let weights = LocalSinkWeights::default();
         let start = Instant::now();
         weights.set_weight("q", 3);
-        weights.roll("q", start);
+        weights.roll("q", start, Some(400.0));
         weights.sent("q", 40);
         weights.sent("q", 60);
         weights.rate_held_back("q");
-        let demand = weights.roll("q", start + Duration::from_millis(250));
+        let demand = weights.roll("q", start + Duration::from_millis(250), Some(400.0));
         assert_eq!(demand.weight, 3);
         assert!((demand.sent_per_second - 400.0).abs() < 1e-6);
         assert!(demand.rate_held_back && !demand.batches_held_back);
         assert_eq!(weights.demand("q"), demand);
-        let next = weights.roll("q", start + Duration::from_millis(500));
+        let next = weights.roll("q", start + Duration::from_millis(500), Some(400.0));
         assert_eq!(next.sent_per_second, 0.0);
         assert!(!next.rate_held_back);
+    }
+
+    #[test]
+    fn a_wait_for_tokens_with_most_of_the_part_unused_is_not_held_back() {
+        let weights = LocalSinkWeights::default();
+        let start = Instant::now();
+        weights.roll("q", start, Some(400.0));
+        weights.sent("q", 20);
+        weights.rate_held_back("q");
+        let demand = weights.roll("q", start + Duration::from_millis(250), Some(400.0));
+        assert!(!demand.rate_held_back, "{demand:?}");
     }
 }
