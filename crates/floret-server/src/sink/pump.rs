@@ -268,7 +268,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 }
             }
         }
-        if in_flight.len() >= batches_allowed && held.waiting > 0 {
+        if in_flight.len() >= batches_allowed && held.waiting >= batch_limit(&bucket) {
             parts.weights.batches_held_back(&queue);
         }
         let wanted = ((batches_allowed + 1) * batch_limit(&bucket)).saturating_sub(held.total());

@@ -142,7 +142,10 @@ impl LocalSinkWeights {
 
     fn record<T>(&self, queue: &str, change: impl FnOnce(&mut PumpRecord) -> T) -> T {
         let mut pumps = self.pumps.lock().expect("never poisoned");
-        change(pumps.entry(queue.to_owned()).or_default())
+        match pumps.get_mut(queue) {
+            Some(record) => change(record),
+            None => change(pumps.entry(queue.to_owned()).or_default()),
+        }
     }
 }
 
