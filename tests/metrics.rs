@@ -8,7 +8,7 @@ use std::time::Duration;
 use floret_client::{ConsumerEvent, Message};
 use floret_server::metric_catalog::{METRICS, MetricKind};
 
-use super::harness::FloretProcess;
+use super::harness::{FloretProcess, eventually};
 
 /// The text `GET /metrics` answers at `address`.
 pub(super) fn scrape(address: &str) -> String {
@@ -63,16 +63,11 @@ async fn a_metric_was_exported_without_help_or_outside_the_catalog() {
 
     // The per-queue series come with the sampler's next round.
     let sampled = "floret_queue_backlog_messages{queue=\"q\"}";
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut exported = scrape(&metrics_address);
-    while !exported.contains(sampled) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {sampled} after 20 s:\n{exported}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        exported = scrape(&metrics_address);
-    }
+    eventually(Duration::from_secs(20), sampled, || async {
+        scrape(&metrics_address).contains(sampled)
+    })
+    .await;
+    let exported = scrape(&metrics_address);
     let typed: Vec<(&str, &str)> = exported
         .lines()
         .filter_map(|line| line.strip_prefix("# TYPE "))
