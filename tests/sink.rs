@@ -309,6 +309,51 @@ async fn a_lone_message_waits_the_linger_and_a_removed_sink_gets_nothing_more() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_queues_what_it_is_sent_gets_less_not_ever_more_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = FloretProcess::start(&dir.path().join("node"), &[]);
+    let client = node.client();
+    // It takes 200 msg/s and answers a batch only once its rate allows: what
+    // it is sent beyond that queues inside it, and its answers come later
+    // and later, as a broker's confirms do when its queue backs up. The cap
+    // says 2,000, so only its slow answers tell floret to send less.
+    let sink = DevSink::new(DevSinkBehaviour {
+        rate: Some(200),
+        ..Default::default()
+    });
+    let address = serve(&sink).await;
+    let spec = SinkSpec {
+        rate: 2_000,
+        ..grpc_sink(&address, 20, 5)
+    };
+    client.set_sink("orders", spec).await.unwrap();
+    produce(&client, "orders", &["a", "b", "c"], 1_000).await;
+    eventually(Duration::from_secs(30), "the sink taking", || {
+        let taking = !sink.received().is_empty();
+        async move { taking }
+    })
+    .await;
+    // Past the first answers, how long the work queued inside the sink
+    // is. Sent by the cap and the answer time alone, a pump keeps the most
+    // batches it may at a sink for its rate (16 of 20 messages): 1.5-1.6 s
+    // measured. Cut at answers 4 times its first (100 ms), it stays about
+    // there: 240-560 ms measured.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut queued = Vec::new();
+    for _ in 0..60 {
+        queued.push(sink.queued_for().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    queued.sort_unstable();
+    let median = queued[queued.len() / 2];
+    eprintln!("work queued inside the sink over 6 s, sorted: {queued:?}");
+    assert!(
+        median <= Duration::from_millis(800),
+        "a sink answering later and later kept being sent more: {queued:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_nobody_could_dial_is_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let node = FloretProcess::start(&dir.path().join("node"), &[]);

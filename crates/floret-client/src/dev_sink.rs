@@ -81,6 +81,15 @@ impl DevSink {
         self.received.lock().expect("never poisoned").clone()
     }
 
+    /// With a rate, how long a batch that came now would wait for the work
+    /// queued before it: the sink's own queue, in time.
+    pub async fn queued_for(&self) -> Duration {
+        let next_free = *self.next_free.lock().await;
+        next_free.map_or(Duration::ZERO, |free| {
+            free.saturating_duration_since(Instant::now())
+        })
+    }
+
     /// The most batches it has held at once (received, not yet answered).
     pub fn most_in_flight(&self) -> usize {
         self.in_flight.1.load(Ordering::SeqCst)

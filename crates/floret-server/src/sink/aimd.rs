@@ -7,6 +7,10 @@
 //! overload shows in several batches at once); each second without one
 //! adds [`RAISE_PER_SECOND`] back, up to the whole part. The pump never
 //! sends more than its part, so the cluster never passes the cap.
+//!
+//! A slow answer pushes back too ([`AnswerTimes`]): a sink that queues
+//! what it takes (a broker confirming late, a service answering slower
+//! and slower) is overloaded before it fails.
 
 use std::time::{Duration, Instant};
 
@@ -65,9 +69,125 @@ impl Aimd {
     }
 }
 
+/// An answer slower than this many times the sink's usual one is slow.
+pub const SLOW_FACTOR: u32 = 4;
+/// No answer faster than this is slow, however fast the usual one.
+pub const SLOW_AT_LEAST: Duration = Duration::from_millis(100);
+/// How long a fastest answer stays the sink's usual one: the usual answer
+/// follows a sink that became slower for good after one to two of these.
+pub const USUAL_WINDOW: Duration = Duration::from_secs(10);
+/// Slow answers in a row that push back: one late answer may be this
+/// node's own stall (a busy runtime, a pause), a queueing sink answers
+/// every batch late.
+pub const SLOW_IN_A_ROW: u32 = 3;
+
+/// A sink's usual answer time (the fastest of the last one to two
+/// [`USUAL_WINDOW`]s), and which answers are slow against it.
+#[derive(Debug, Clone)]
+pub struct AnswerTimes {
+    fastest_before: Option<Duration>,
+    fastest_now: Option<Duration>,
+    window_started: Instant,
+    slow_in_a_row: u32,
+}
+
+impl AnswerTimes {
+    /// No answer yet, from `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            fastest_before: None,
+            fastest_now: None,
+            window_started: now,
+            slow_in_a_row: 0,
+        }
+    }
+
+    /// Records an answer that took `answered_in`, at `now`; true if it and
+    /// the [`SLOW_IN_A_ROW`] answers up to it were slow: each at least
+    /// [`SLOW_FACTOR`] times the usual answer, and at least
+    /// [`SLOW_AT_LEAST`]. The first answer is never slow.
+    pub fn answered(&mut self, answered_in: Duration, now: Instant) -> bool {
+        if now.saturating_duration_since(self.window_started) >= USUAL_WINDOW {
+            self.fastest_before = self.fastest_now.take();
+            self.window_started = now;
+        }
+        let usual = match (self.fastest_before, self.fastest_now) {
+            (Some(before), Some(current)) => Some(before.min(current)),
+            (before, current) => before.or(current),
+        };
+        self.fastest_now = Some(self.fastest_now.map_or(answered_in, |f| f.min(answered_in)));
+        let slow =
+            usual.is_some_and(|usual| answered_in >= (usual * SLOW_FACTOR).max(SLOW_AT_LEAST));
+        self.slow_in_a_row = if slow { self.slow_in_a_row + 1 } else { 0 };
+        self.slow_in_a_row >= SLOW_IN_A_ROW
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn a_broker_that_starts_confirming_late_pushes_back_until_late_is_its_usual() {
+        let start = Instant::now();
+        let mut answers = AnswerTimes::new(start);
+        assert!(
+            !answers.answered(ms(400), start),
+            "the first answer sets the usual"
+        );
+        let mut at = start + ms(100);
+        for _ in 0..50 {
+            assert!(!answers.answered(ms(10), at), "10 ms is this sink's usual");
+            at += ms(100);
+        }
+        assert!(!answers.answered(ms(90), at), "under 100 ms is never slow");
+        assert!(
+            !answers.answered(ms(150), at),
+            "one late answer is not a slow sink"
+        );
+        assert!(!answers.answered(ms(10), at));
+        assert!(!answers.answered(ms(150), at));
+        assert!(!answers.answered(ms(150), at));
+        assert!(
+            answers.answered(ms(150), at),
+            "the third late answer in a row"
+        );
+        let mut slow_for = Duration::ZERO;
+        while answers.answered(ms(150), at) {
+            at += ms(100);
+            slow_for += ms(100);
+            assert!(slow_for <= 2 * USUAL_WINDOW, "150 ms never became usual");
+        }
+        assert!(
+            slow_for >= USUAL_WINDOW / 2,
+            "a sink that stays slow is slow for a while: {slow_for:?}"
+        );
+        for _ in 1..SLOW_IN_A_ROW {
+            assert!(!answers.answered(ms(600), at));
+        }
+        assert!(!answers.answered(ms(400), at), "under 4 times 150 ms");
+        for _ in 1..SLOW_IN_A_ROW {
+            assert!(!answers.answered(ms(600), at));
+        }
+        assert!(
+            answers.answered(ms(600), at),
+            "4 times the new usual, 3 in a row"
+        );
+    }
+
+    #[test]
+    fn a_sink_slow_from_the_start_is_never_called_slow_for_being_itself() {
+        let start = Instant::now();
+        let mut answers = AnswerTimes::new(start);
+        for tenth in 0..300 {
+            let answered_in = ms(300 + (tenth % 7) * 50);
+            assert!(!answers.answered(answered_in, start + ms(tenth * 100)));
+        }
+    }
 
     #[test]
     fn one_overload_cuts_once_and_the_share_climbs_back_linearly() {

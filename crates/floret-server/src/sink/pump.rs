@@ -7,7 +7,8 @@
 //! With a rate cap, the pump spends its part of the cap (`rate_split.rs`,
 //! recomputed every [`super::WEIGHT_POLL`] from every node's backlogged
 //! weight; a part grows only after two polls, it shrinks at once), or the
-//! share of it `aimd.rs` leaves while the sink pushes back, from a token
+//! share of it `aimd.rs` leaves while the sink pushes back (or answers
+//! slowly), from a token
 //! bucket, cuts its batches to what the bucket holds,
 //! and takes from the dispatcher only one batch more than it may have at
 //! the sink, so the messages it holds are the next ones in fair order, not
@@ -39,7 +40,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
 
-use super::aimd::Aimd;
+use super::aimd::{Aimd, AnswerTimes};
 use super::batcher::Batcher;
 use super::in_flight_split::node_batches;
 use super::rate_split::{TokenBucket, batches_for_rate, node_rate};
@@ -173,6 +174,7 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
     );
     let mut held = Held::default();
     let mut aimd = Aimd::new(std::time::Instant::now());
+    let mut answer_times = AnswerTimes::new(std::time::Instant::now());
     let mut rate_part: Option<f64> = None;
     let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
     let mut settling: FuturesUnordered<Settling> = FuturesUnordered::new();
@@ -210,13 +212,18 @@ pub async fn run(queue: String, sink: SinkSpec, parts: PumpParts, mut stop: watc
                 held.in_flight -= ended.sent;
                 held.handing_back += ended.asked_again;
                 settling.push(ended.settle);
+                let now = std::time::Instant::now();
+                let mut slow = false;
                 if let Some(answered_in) = ended.answered_in {
                     answer_time = Some(answer_time.map_or(answered_in, |average| {
                         average.mul_f64(1.0 - ANSWER_TIME_WEIGHT) + answered_in.mul_f64(ANSWER_TIME_WEIGHT)
                     }));
+                    slow = answer_times.answered(answered_in, now);
+                    if slow {
+                        tracing::debug!(%queue, ?answered_in, "the sink answered slowly; using less of this node's part");
+                    }
                 }
-                let now = std::time::Instant::now();
-                if ended.pushed_back {
+                if ended.pushed_back || slow {
                     aimd.pushed_back(now);
                 } else {
                     aimd.took(now);
