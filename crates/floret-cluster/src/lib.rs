@@ -21,6 +21,7 @@ mod gossip;
 mod gossip_relay;
 mod gossip_transport;
 mod member_tls;
+mod moves;
 mod network;
 mod peers;
 mod placement;
@@ -36,6 +37,7 @@ pub use member_tls::{
     MemberTls, certificate_carries_name, is_dns_name, member_name, member_named_by,
     pem_names_member, tls_error_chain,
 };
+pub use moves::{MoveFigures, ShardMove, move_figures, shard_moves};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

@@ -169,6 +169,11 @@ impl ReplicaPlacement {
         &self.description
     }
 
+    /// How many shards it places.
+    pub fn shard_count(&self) -> u32 {
+        self.replicas.len() as u32
+    }
+
     /// The nodes holding `shard`, preferred leader first.
     pub fn replicas(&self, shard: ShardId) -> &[NodeId] {
         &self.replicas[shard as usize]

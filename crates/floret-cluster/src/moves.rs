@@ -1,0 +1,156 @@
+//! The shard moves a change of members asks for: which replicas each shard
+//! gains and loses between the placement over the old members and the one
+//! over the new, and how much of the cluster that moves. Pure: both
+//! placements are given.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Nothing carries the moves out yet: members are still fixed at a
+//!   cluster's first start (`docs/design.md`, "Membership").
+//! - A change of preferred leader alone is not a move: leadership follows
+//!   the placement through the hand-back, as after any restart.
+//! - Replacing a node is a leave and a join: the new node's points on the
+//!   ring are not the old one's, so other replicas move too.
+
+use floret_store::{NodeId, ShardId};
+
+use crate::ReplicaPlacement;
+
+/// What one shard's replica set gains and loses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMove {
+    /// The shard.
+    pub shard: ShardId,
+    /// Nodes that become replicas: each joins as a learner, catches up and
+    /// is promoted.
+    pub adding: Vec<NodeId>,
+    /// Replicas that leave once the new ones are voters.
+    pub removing: Vec<NodeId>,
+}
+
+/// The moves from `before` to `after` (placements of the same shards), in
+/// shard order; shards whose replica set is unchanged are left out.
+pub fn shard_moves(before: &ReplicaPlacement, after: &ReplicaPlacement) -> Vec<ShardMove> {
+    assert_eq!(
+        before.shard_count(),
+        after.shard_count(),
+        "a change of members keeps the shards"
+    );
+    (0..before.shard_count())
+        .filter_map(|shard| {
+            let (old, new) = (before.replicas(shard), after.replicas(shard));
+            let adding: Vec<NodeId> = new.iter().copied().filter(|n| !old.contains(n)).collect();
+            let removing: Vec<NodeId> = old.iter().copied().filter(|n| !new.contains(n)).collect();
+            (!adding.is_empty() || !removing.is_empty()).then_some(ShardMove {
+                shard,
+                adding,
+                removing,
+            })
+        })
+        .collect()
+}
+
+/// How much of a cluster a change of members moves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoveFigures {
+    /// Shards whose replica set changes, of all shards.
+    pub shards_moved: f64,
+    /// Replicas copied to a new node, of all replicas after the change: the
+    /// share of the data copied, with shards of equal size.
+    pub replicas_copied: f64,
+    /// The least share of replicas any change to that many members must
+    /// copy: a new node's share (`1 / members after`) when one joins, the
+    /// leaving node's (`1 / members before`) when one leaves.
+    pub ideal_replicas_copied: f64,
+}
+
+/// The figures of going from `before` to `after` over `members_before` and
+/// `members_after` nodes.
+pub fn move_figures(
+    before: &ReplicaPlacement,
+    after: &ReplicaPlacement,
+    members_before: usize,
+    members_after: usize,
+) -> MoveFigures {
+    let moves = shard_moves(before, after);
+    let shards = before.shard_count().max(1) as f64;
+    let replicas_after: usize = (0..after.shard_count())
+        .map(|shard| after.replicas(shard).len())
+        .sum();
+    let copied: usize = moves.iter().map(|m| m.adding.len()).sum();
+    let changed = members_before.abs_diff(members_after) as f64;
+    let ideal = if members_after > members_before {
+        changed / members_after as f64
+    } else {
+        changed / members_before.max(1) as f64
+    };
+    MoveFigures {
+        shards_moved: moves.len() as f64 / shards,
+        replicas_copied: copied as f64 / replicas_after.max(1) as f64,
+        ideal_replicas_copied: ideal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_joining_node_takes_one_replica_of_a_shard_at_most_and_nothing_else_moves() {
+        for shards in [6, 12, 32, 64] {
+            let three = ReplicaPlacement::new(shards, &[1, 2, 3], 3);
+            let four = ReplicaPlacement::new(shards, &[1, 2, 3, 4], 3);
+            for shard_move in shard_moves(&three, &four) {
+                assert_eq!(shard_move.adding, [4], "{shards} shards: {shard_move:?}");
+                assert_eq!(shard_move.removing.len(), 1, "{shard_move:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_leaving_node_moves_only_the_shards_it_held() {
+        let five = ReplicaPlacement::new(32, &[1, 2, 3, 4, 5], 3);
+        let four = ReplicaPlacement::new(32, &[1, 2, 3, 4], 3);
+        let moves = shard_moves(&five, &four);
+        assert!(!moves.is_empty());
+        for shard_move in &moves {
+            assert_eq!(shard_move.removing, [5], "{shard_move:?}");
+            assert_eq!(shard_move.adding.len(), 1, "{shard_move:?}");
+            assert!(five.holds(5, shard_move.shard));
+        }
+        let held_by_five = (0..32).filter(|&shard| five.holds(5, shard)).count();
+        assert_eq!(moves.len(), held_by_five);
+    }
+
+    /// Going 3 -> 4 -> 5 -> 4 nodes, the share of replicas copied at each
+    /// step against the least possible (docs/design.md, "Membership").
+    #[test]
+    fn growing_and_shrinking_copies_close_to_the_ideal_share_with_enough_shards() {
+        let steps: [&[NodeId]; 4] = [&[1, 2, 3], &[1, 2, 3, 4], &[1, 2, 3, 4, 5], &[1, 2, 3, 4]];
+        for shards in [6, 12, 24, 48, 96] {
+            let placements: Vec<ReplicaPlacement> = steps
+                .iter()
+                .map(|members| ReplicaPlacement::new(shards, members, 3))
+                .collect();
+            let mut row = format!("{shards:>3} shards:");
+            for (step, pair) in placements.windows(2).enumerate() {
+                let figures =
+                    move_figures(&pair[0], &pair[1], steps[step].len(), steps[step + 1].len());
+                row += &format!(
+                    "  {}->{}: shards {:.2}, copied {:.2} (ideal {:.2})",
+                    steps[step].len(),
+                    steps[step + 1].len(),
+                    figures.shards_moved,
+                    figures.replicas_copied,
+                    figures.ideal_replicas_copied
+                );
+                if shards >= 48 {
+                    assert!(
+                        figures.replicas_copied <= 1.5 * figures.ideal_replicas_copied,
+                        "{row}"
+                    );
+                }
+            }
+            eprintln!("{row}");
+        }
+    }
+}
