@@ -20,6 +20,7 @@ mod append_stream;
 mod gossip;
 mod gossip_relay;
 mod gossip_transport;
+mod gossip_values;
 mod member_tls;
 mod moves;
 mod network;
