@@ -328,21 +328,26 @@ async fn a_sink_that_queues_what_it_is_sent_gets_less_not_ever_more_batches() {
     };
     client.set_sink("orders", spec).await.unwrap();
     produce(&client, "orders", &["a", "b", "c"], 1_000).await;
-    eventually(Duration::from_secs(30), "the sink taking", || {
-        let taking = !sink.received().is_empty();
-        async move { taking }
-    })
+    // Past the first answers (800 messages: 4 s of the sink's rate), how
+    // long the work queued inside the sink is, sampled every 100 ms for
+    // 6 s. Sent by the cap and the answer time alone, a pump keeps the
+    // most batches it may at a sink for its rate (16 of 20 messages):
+    // 1.5-1.6 s measured. Cut at answers 4 times its first (100 ms), it
+    // stays about there: 240-560 ms measured.
+    eventually(
+        Duration::from_secs(30),
+        "the sink past its first answers",
+        || {
+            let taken = sink.received().len();
+            async move { taken >= 800 }
+        },
+    )
     .await;
-    // Past the first answers, how long the work queued inside the sink
-    // is. Sent by the cap and the answer time alone, a pump keeps the most
-    // batches it may at a sink for its rate (16 of 20 messages): 1.5-1.6 s
-    // measured. Cut at answers 4 times its first (100 ms), it stays about
-    // there: 240-560 ms measured.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut samples = tokio::time::interval(Duration::from_millis(100));
     let mut queued = Vec::new();
     for _ in 0..60 {
+        samples.tick().await;
         queued.push(sink.queued_for().await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     queued.sort_unstable();
     let median = queued[queued.len() / 2];
