@@ -22,6 +22,7 @@ mod gossip_relay;
 mod gossip_transport;
 mod gossip_values;
 mod member_tls;
+mod move_steps;
 mod moves;
 mod network;
 mod peers;
@@ -38,6 +39,7 @@ pub use member_tls::{
     MemberTls, certificate_carries_name, is_dns_name, member_name, member_named_by,
     pem_names_member, tls_error_chain,
 };
+pub use move_steps::{ChangeRefused, MoveStep, ShardRaftView, check_change, next_move_step};
 pub use moves::{MoveFigures, ShardMove, move_figures, shard_moves};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};

@@ -8,8 +8,9 @@
 //!   cluster's first start (`docs/design.md`, "Membership").
 //! - A change of preferred leader alone is not a move: leadership follows
 //!   the placement through the hand-back, as after any restart.
-//! - Replacing a node is a leave and a join: the new node's points on the
-//!   ring are not the old one's, so other replicas move too.
+//! - A replacement moves exactly the replaced node's replicas only when the
+//!   new node takes its seat ([`ReplicaPlacement::seated`]); nothing
+//!   records seats yet.
 
 use floret_store::{NodeId, ShardId};
 
@@ -57,19 +58,20 @@ pub struct MoveFigures {
     /// Replicas copied to a new node, of all replicas after the change: the
     /// share of the data copied, with shards of equal size.
     pub replicas_copied: f64,
-    /// The least share of replicas any change to that many members must
-    /// copy: a new node's share (`1 / members after`) when one joins, the
-    /// leaving node's (`1 / members before`) when one leaves.
+    /// The least share of replicas any change between those members must
+    /// copy: the joining nodes' share of the members after, or the leaving
+    /// nodes' share of the members before, whichever is larger (a replace
+    /// is both: one node's share).
     pub ideal_replicas_copied: f64,
 }
 
-/// The figures of going from `before` to `after` over `members_before` and
-/// `members_after` nodes.
+/// The figures of going from `before` over `members_before` to `after` over
+/// `members_after`.
 pub fn move_figures(
     before: &ReplicaPlacement,
     after: &ReplicaPlacement,
-    members_before: usize,
-    members_after: usize,
+    members_before: &[NodeId],
+    members_after: &[NodeId],
 ) -> MoveFigures {
     let moves = shard_moves(before, after);
     let shards = before.shard_count().max(1) as f64;
@@ -77,12 +79,18 @@ pub fn move_figures(
         .map(|shard| after.replicas(shard).len())
         .sum();
     let copied: usize = moves.iter().map(|m| m.adding.len()).sum();
-    let changed = members_before.abs_diff(members_after) as f64;
-    let ideal = if members_after > members_before {
-        changed / members_after as f64
-    } else {
-        changed / members_before.max(1) as f64
-    };
+    let joining = members_after
+        .iter()
+        .filter(|node| !members_before.contains(node))
+        .count();
+    let leaving = members_before
+        .iter()
+        .filter(|node| !members_after.contains(node))
+        .count();
+    let ideal = f64::max(
+        joining as f64 / members_after.len().max(1) as f64,
+        leaving as f64 / members_before.len().max(1) as f64,
+    );
     MoveFigures {
         shards_moved: moves.len() as f64 / shards,
         replicas_copied: copied as f64 / replicas_after.max(1) as f64,
@@ -92,6 +100,8 @@ pub fn move_figures(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -133,8 +143,7 @@ mod tests {
                 .collect();
             let mut row = format!("{shards:>3} shards:");
             for (step, pair) in placements.windows(2).enumerate() {
-                let figures =
-                    move_figures(&pair[0], &pair[1], steps[step].len(), steps[step + 1].len());
+                let figures = move_figures(&pair[0], &pair[1], steps[step], steps[step + 1]);
                 row += &format!(
                     "  {}->{}: shards {:.2}, copied {:.2} (ideal {:.2})",
                     steps[step].len(),
@@ -152,5 +161,50 @@ mod tests {
             }
             eprintln!("{row}");
         }
+    }
+
+    #[test]
+    fn a_node_that_takes_a_dead_nodes_seat_gets_exactly_its_replicas_and_nothing_else_moves() {
+        let five: BTreeMap<NodeId, NodeId> = (1..=5).map(|node| (node, node)).collect();
+        let mut replaced = five.clone();
+        replaced.insert(2, 6);
+        for shards in [6, 48] {
+            let before = ReplicaPlacement::seated(shards, &five, 3);
+            let after = ReplicaPlacement::seated(shards, &replaced, 3);
+            let moves = shard_moves(&before, &after);
+            let held_by_two = (0..shards).filter(|&shard| before.holds(2, shard)).count();
+            assert_eq!(moves.len(), held_by_two);
+            for shard_move in &moves {
+                assert_eq!(shard_move.adding, [6], "{shard_move:?}");
+                assert_eq!(shard_move.removing, [2], "{shard_move:?}");
+                let renamed: Vec<NodeId> = before
+                    .replicas(shard_move.shard)
+                    .iter()
+                    .map(|&node| if node == 2 { 6 } else { node })
+                    .collect();
+                assert_eq!(after.replicas(shard_move.shard), renamed);
+            }
+            let figures = move_figures(&before, &after, &[1, 2, 3, 4, 5], &[1, 3, 4, 5, 6]);
+            assert!(
+                (figures.replicas_copied - held_by_two as f64 / (3 * shards) as f64).abs() < 1e-9,
+                "{figures:?}"
+            );
+            assert!((figures.ideal_replicas_copied - 0.2).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_node_that_joins_in_a_seat_of_its_own_in_place_of_a_dead_one_moves_more_than_its_share() {
+        let before = ReplicaPlacement::new(48, &[1, 2, 3, 4, 5], 3);
+        let after = ReplicaPlacement::new(48, &[1, 3, 4, 5, 6], 3);
+        let figures = move_figures(&before, &after, &[1, 2, 3, 4, 5], &[1, 3, 4, 5, 6]);
+        assert!(
+            figures.replicas_copied > figures.ideal_replicas_copied,
+            "{figures:?}"
+        );
+        eprintln!(
+            "replace 2 by 6 over 5 nodes, 48 shards, 6 in a seat of its own: copied {:.2} (ideal {:.2})",
+            figures.replicas_copied, figures.ideal_replicas_copied
+        );
     }
 }

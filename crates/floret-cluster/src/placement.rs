@@ -13,11 +13,17 @@
 //! 7/5/4 of 16 over three nodes): leadership, and with it dispatch work,
 //! spreads evenly.
 //!
+//! The node ring's points belong to seats, and each member sits in one
+//! ([`ReplicaPlacement::seated`]). A member's seat is its own id, unless it
+//! replaced a member: then it takes the seat, and with it the ring points,
+//! of the member it replaced, so exactly that member's replicas move to it.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - The shard count is fixed for the life of a data dir; no shard split yet.
 //! - The member list is static configuration: adding a node to a running
 //!   cluster moves replica sets, and no membership change is run for that yet.
 
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
 use floret_store::{NodeId, ShardId};
@@ -90,16 +96,17 @@ impl ShardPlacement {
 /// Ring points per node.
 const VIRTUAL_POINTS_PER_NODE: u16 = 64;
 
-/// One point of a node on the replica ring.
+/// One point of a seat on the replica ring. A seat is named by the id of
+/// the member that first took it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct VirtualNode {
-    node: NodeId,
+    seat: NodeId,
     point: u16,
 }
 
 impl Hash for VirtualNode {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        StableBytes(format!("node-{}#{}", self.node, self.point).as_bytes()).hash(state);
+        StableBytes(format!("node-{}#{}", self.seat, self.point).as_bytes()).hash(state);
     }
 }
 
@@ -112,34 +119,50 @@ pub struct ReplicaPlacement {
 
 impl ReplicaPlacement {
     /// Replica sets of `shard_count` shards over `nodes` (not empty), each of
-    /// `replication_factor` nodes, or every node when there are fewer.
+    /// `replication_factor` nodes, or every node when there are fewer; each
+    /// node in its own seat.
     pub fn new(shard_count: u32, nodes: &[NodeId], replication_factor: usize) -> Self {
-        assert!(!nodes.is_empty(), "a cluster needs at least one node");
-        let mut members = nodes.to_vec();
+        let seats: BTreeMap<NodeId, NodeId> = nodes.iter().map(|&node| (node, node)).collect();
+        Self::seated(shard_count, &seats, replication_factor)
+    }
+
+    /// Replica sets over members in seats: `seats` maps each seat to the
+    /// member in it (not empty, one seat per member). A shard is placed on
+    /// the seats as [`ReplicaPlacement::new`] places it on nodes, then each
+    /// seat is read as its member.
+    pub fn seated(
+        shard_count: u32,
+        seats: &BTreeMap<NodeId, NodeId>,
+        replication_factor: usize,
+    ) -> Self {
+        assert!(!seats.is_empty(), "a cluster needs at least one node");
+        let mut members: Vec<NodeId> = seats.values().copied().collect();
         members.sort_unstable();
         members.dedup();
-        let size = replication_factor.clamp(1, members.len());
+        assert_eq!(members.len(), seats.len(), "a member sits in one seat");
+        let size = replication_factor.clamp(1, seats.len());
         let mut ring = HashRing::new();
         ring.batch_add(
-            members
-                .iter()
-                .flat_map(|&node| {
-                    (0..VIRTUAL_POINTS_PER_NODE).map(move |point| VirtualNode { node, point })
+            seats
+                .keys()
+                .flat_map(|&seat| {
+                    (0..VIRTUAL_POINTS_PER_NODE).map(move |point| VirtualNode { seat, point })
                 })
                 .collect(),
         );
-        let mut preferred_count: std::collections::BTreeMap<NodeId, u32> =
+        let mut preferred_count: BTreeMap<NodeId, u32> =
             members.iter().map(|&node| (node, 0)).collect();
         let replicas = (0..shard_count)
             .map(|shard| {
                 let key = format!("shard-{shard}");
                 let walk = ring
                     .get_with_replicas(&StableBytes(key.as_bytes()), ring.len() - 1)
-                    .expect("the ring holds every node");
+                    .expect("the ring holds every seat");
                 let mut set: Vec<NodeId> = Vec::with_capacity(size);
                 for point in walk {
-                    if !set.contains(&point.node) {
-                        set.push(point.node);
+                    let member = seats[&point.seat];
+                    if !set.contains(&member) {
+                        set.push(member);
                         if set.len() == size {
                             break;
                         }
@@ -153,8 +176,18 @@ impl ReplicaPlacement {
                 set
             })
             .collect();
+        let replaced: Vec<(NodeId, NodeId)> = seats
+            .iter()
+            .filter(|(seat, member)| seat != member)
+            .map(|(&seat, &member)| (seat, member))
+            .collect();
+        let seating = if replaced.is_empty() {
+            String::new()
+        } else {
+            format!(" in seats (seat, member) {replaced:?}")
+        };
         let description = format!(
-            "members {members:?} with replication factor {}",
+            "members {members:?}{seating} with replication factor {}",
             replication_factor.max(1)
         );
         Self {
@@ -262,6 +295,49 @@ mod tests {
             .collect();
         assert_eq!(pinned, PINNED_SHARDS);
     }
+
+    #[test]
+    fn a_member_in_anothers_seat_holds_what_that_member_held_and_is_named_in_the_description() {
+        let own: BTreeMap<NodeId, NodeId> = [(1, 1), (2, 2), (3, 3)].into();
+        let replaced: BTreeMap<NodeId, NodeId> = [(1, 1), (2, 7), (3, 3)].into();
+        let before = ReplicaPlacement::seated(16, &own, 3);
+        let after = ReplicaPlacement::seated(16, &replaced, 3);
+        assert_eq!(before, ReplicaPlacement::new(16, &[1, 2, 3], 3));
+        for shard in 0..16 {
+            let renamed: Vec<NodeId> = before
+                .replicas(shard)
+                .iter()
+                .map(|&node| if node == 2 { 7 } else { node })
+                .collect();
+            assert_eq!(after.replicas(shard), renamed);
+        }
+        assert_eq!(
+            before.description(),
+            "members [1, 2, 3] with replication factor 3"
+        );
+        assert_eq!(
+            after.description(),
+            "members [1, 3, 7] in seats (seat, member) [(2, 7)] with replication factor 3"
+        );
+    }
+
+    #[test]
+    fn known_shards_keep_their_replicas_across_builds() {
+        let placement = ReplicaPlacement::new(6, &[1, 2, 3, 4, 5], 3);
+        let pinned: Vec<&[NodeId]> = (0..6).map(|shard| placement.replicas(shard)).collect();
+        assert_eq!(pinned, PINNED_REPLICAS);
+    }
+
+    /// Replica sets computed once (5 nodes, 6 shards, R=3); a change here
+    /// means data dirs would be read with a different placement.
+    const PINNED_REPLICAS: [&[NodeId]; 6] = [
+        &[4, 2, 1],
+        &[5, 4, 2],
+        &[2, 3, 1],
+        &[3, 5, 2],
+        &[1, 4, 2],
+        &[3, 1, 5],
+    ];
 
     /// Shards computed once; a change here means data dirs would be read with a different placement.
     const PINNED_SHARDS: [u32; 4] = [4, 12, 9, 9];
