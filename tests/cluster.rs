@@ -662,8 +662,102 @@ async fn node_with_wiped_data_dir_stays_behind() {
     .await;
 
     cluster.kill(1);
+    eventually(
+        Duration::from_secs(30),
+        "the membership group, node 3's wiped replica in it, elects a leader without node 1",
+        || {
+            let rejoined = rejoined.clone();
+            async move {
+                let Some(membership) = membership_via(&rejoined).await else {
+                    return false;
+                };
+                assert_eq!(
+                    members_and_votes(&membership),
+                    [(1, true), (2, true), (3, true)]
+                );
+                membership.leader_id == 2 || membership.leader_id == 3
+            }
+        },
+    )
+    .await;
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     drain_through(cluster.client(3), &expected).await;
+}
+
+/// The member list as the node `client` dials reports it, once founded.
+async fn membership_via(client: &Client) -> Option<floret_client::Membership> {
+    let status = client.cluster_status().await.ok()?;
+    status
+        .membership
+        .filter(|membership| membership.epoch.is_some())
+}
+
+fn members_and_votes(membership: &floret_client::Membership) -> Vec<(u64, bool)> {
+    membership
+        .members
+        .iter()
+        .map(|member| (member.node_id, member.voter))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_cluster_founds_its_membership_group_once_with_every_member_voting() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let peer_address_of_3 = cluster.peer_address(3);
+    for node in 1..=3 {
+        let (client, peer_address_of_3) = (cluster.client(node), peer_address_of_3.clone());
+        eventually(
+            Duration::from_secs(20),
+            "every node reports the founding members",
+            || {
+                let (client, peer_address_of_3) = (client.clone(), peer_address_of_3.clone());
+                async move {
+                    let Some(membership) = membership_via(&client).await else {
+                        return false;
+                    };
+                    assert_eq!(
+                        members_and_votes(&membership),
+                        [(1, true), (2, true), (3, true)]
+                    );
+                    assert_eq!(membership.members[2].peer_address, peer_address_of_3);
+                    membership.leader_id != 0
+                }
+            },
+        )
+        .await;
+    }
+    for node in 1..=3 {
+        tokio::task::block_in_place(|| cluster.restart(node));
+    }
+    let client = cluster.client(2);
+    eventually(
+        Duration::from_secs(20),
+        "the restarted nodes hold the same members",
+        || {
+            let client = client.clone();
+            async move {
+                membership_via(&client).await.is_some_and(|membership| {
+                    members_and_votes(&membership) == [(1, true), (2, true), (3, true)]
+                        && membership.leader_id != 0
+                })
+            }
+        },
+    )
+    .await;
+    let foundings: usize = (1..=3)
+        .map(|node| {
+            std::fs::read_to_string(cluster.data_dir(node).with_extension("log"))
+                .unwrap()
+                .matches("founding the membership group")
+                .count()
+        })
+        .sum();
+    assert_eq!(
+        foundings, 1,
+        "the membership group is founded once, by node 1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

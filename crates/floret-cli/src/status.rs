@@ -1,4 +1,5 @@
-//! `floret status`: the cluster's nodes (reachable, shards led), every
+//! `floret status`: the cluster's nodes (reachable, shards led), the
+//! member list as the membership group holds it, every
 //! shard with its leader, preferred leader and each replica's lag, then
 //! per-queue and per-producer statistics; tables in human units
 //! (`table.rs`), or `--json` with raw figures.
@@ -37,6 +38,12 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
                 "dispatch_rate": n.dispatch_rate,
             })).collect::<Vec<_>>(),
+            "membership": cluster.membership.as_ref().map(|m| serde_json::json!({
+                "epoch": m.epoch, "leader_id": m.leader_id,
+                "members": m.members.iter().map(|member| serde_json::json!({
+                    "node_id": member.node_id, "peer_address": member.peer_address, "voter": member.voter,
+                })).collect::<Vec<_>>(),
+            })),
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
                 "shard_id": s.shard_id, "leader_id": s.leader_id, "preferred_leader_id": s.preferred_leader_id,
                 "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index,
@@ -116,6 +123,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("{}", nodes.render(""));
+    println!("{}\n", members_line(cluster.membership.as_ref()));
     let mut shards = Table::new(&[
         ("shard", Align::Right),
         ("leader", Align::Right),
@@ -204,4 +212,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The member list in one line: its epoch, and each member with its peer
+/// address, the membership group's leader marked `*`, learners `(learner)`.
+fn members_line(membership: Option<&floret_client::Membership>) -> String {
+    let Some(membership) = membership.filter(|m| m.epoch.is_some()) else {
+        return "members: the membership group is not founded yet".to_owned();
+    };
+    let members: Vec<String> = membership
+        .members
+        .iter()
+        .map(|member| {
+            let leader = if member.node_id == membership.leader_id {
+                "*"
+            } else {
+                ""
+            };
+            let learner = if member.voter { "" } else { " (learner)" };
+            format!(
+                "{}{leader} {}{learner}",
+                member.node_id, member.peer_address
+            )
+        })
+        .collect();
+    format!(
+        "members at epoch {}: {}",
+        membership.epoch.unwrap_or_default(),
+        members.join(", ")
+    )
 }

@@ -56,8 +56,8 @@ use consumer::ConsumeNode;
 pub use consumer::{Consumer, ConsumerEvent};
 pub use floret_proto::v1::{
     AckResponse, AmqpSink, ClusterStatusResponse, DeadLetter, Delivery, Expiry, GetPolicyResponse,
-    GrpcSink, Message, Overflow, Policy, ProduceResponse, QueueStatsResponse, SettleOutcome,
-    SinkSpec, WebhookSink, sink_spec,
+    GrpcSink, Membership, Message, Overflow, Policy, ProduceResponse, QueueStatsResponse,
+    SettleOutcome, SinkSpec, WebhookSink, sink_spec,
 };
 pub use retry::{RETRY_AFTER_MS, RetryPolicy, is_retryable, is_throttled};
 

@@ -44,4 +44,6 @@ pub use moves::{MoveFigures, ShardMove, move_figures, shard_moves};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};
-pub use shards::{RaftTuning, ShardGroup, Shards, ShardsError};
+pub use shards::{
+    MEMBERSHIP_GROUP, Member, MembersView, RaftTuning, ShardGroup, Shards, ShardsError,
+};

@@ -6,10 +6,17 @@
 //! this node presents its member certificate and expects the one of the
 //! node it dials.
 //!
+//! The member list can change while the node runs ([`Peers::set_members`]):
+//! every read is of the list as it is at that moment.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - Members come from static configuration; no runtime membership changes.
+//! - The list comes from configuration only. The membership group
+//!   (`shards/members.rs`) holds the addresses members were founded with,
+//!   while a restart may give a member a new address in configuration, so
+//!   following the group needs a way to change a member's address first.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use floret_proto::peer::v1::peer_client::PeerClient;
@@ -58,9 +65,23 @@ pub enum PeersError {
 #[derive(Debug)]
 pub struct Peers {
     node_id: NodeId,
+    tls: Option<MemberTls>,
+    members: RwLock<Members>,
+}
+
+/// The members at one time: each one's address, and a channel and an
+/// append stream to every other one.
+#[derive(Debug, Default)]
+struct Members {
     addresses: BTreeMap<NodeId, String>,
-    channels: BTreeMap<NodeId, Channel>,
-    append_streams: BTreeMap<NodeId, AppendStream>,
+    dialled: BTreeMap<NodeId, Dialled>,
+}
+
+/// The way to one other member.
+#[derive(Debug, Clone)]
+struct Dialled {
+    channel: Channel,
+    append_stream: Arc<AppendStream>,
 }
 
 impl Peers {
@@ -71,52 +92,87 @@ impl Peers {
         members: BTreeMap<NodeId, String>,
         tls: Option<&MemberTls>,
     ) -> Result<Self, PeersError> {
-        if !members.contains_key(&node_id) {
-            return Err(PeersError::NotAMember(node_id));
-        }
-        let mut channels = BTreeMap::new();
-        for (&node, address) in &members {
-            if node == node_id {
-                continue;
-            }
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let uri = match address.split_once("://") {
-                Some((_, host_port)) => format!("{scheme}://{host_port}"),
-                None => format!("{scheme}://{address}"),
-            };
-            let mut endpoint =
-                Endpoint::from_shared(uri).map_err(|e| PeersError::InvalidAddress {
-                    node,
-                    address: address.clone(),
-                    reason: e.to_string(),
-                })?;
-            if let Some(tls) = tls {
-                endpoint =
-                    endpoint
-                        .tls_config(tls.dialling(node))
-                        .map_err(|e| PeersError::Tls {
-                            node,
-                            reason: tls_error_chain(&e),
-                        })?;
-            }
-            let channel = endpoint
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(KEEPALIVE)
-                .keep_alive_while_idle(true)
-                .connect_lazy();
-            channels.insert(node, channel);
-        }
-        let append_streams = channels
-            .iter()
-            .map(|(&node, channel)| (node, AppendStream::new(node, peer_client(channel.clone()))))
-            .collect();
-        Ok(Self {
+        let peers = Self {
             node_id,
+            tls: tls.cloned(),
+            members: RwLock::new(Members::default()),
+        };
+        peers.set_members(members)?;
+        Ok(peers)
+    }
+
+    /// Makes `members` (every node id, this node's included, to its
+    /// address) the member list. A member whose address is unchanged keeps
+    /// its channel and its append stream; a member that left loses them,
+    /// which ends its stream. Returns whether anything changed.
+    pub fn set_members(&self, members: BTreeMap<NodeId, String>) -> Result<bool, PeersError> {
+        if !members.contains_key(&self.node_id) {
+            return Err(PeersError::NotAMember(self.node_id));
+        }
+        let mut dialled = BTreeMap::new();
+        {
+            let current = self.read();
+            if current.addresses == members {
+                return Ok(false);
+            }
+            for (&node, address) in &members {
+                if node == self.node_id {
+                    continue;
+                }
+                let kept = current
+                    .dialled
+                    .get(&node)
+                    .filter(|_| current.addresses.get(&node) == Some(address));
+                let way = match kept {
+                    Some(way) => way.clone(),
+                    None => self.dial(node, address)?,
+                };
+                dialled.insert(node, way);
+            }
+        }
+        *self.members.write().unwrap_or_else(|p| p.into_inner()) = Members {
             addresses: members,
-            channels,
-            append_streams,
+            dialled,
+        };
+        Ok(true)
+    }
+
+    /// A lazily connected channel to `node` at `address`, and the append
+    /// stream on it.
+    fn dial(&self, node: NodeId, address: &str) -> Result<Dialled, PeersError> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let uri = match address.split_once("://") {
+            Some((_, host_port)) => format!("{scheme}://{host_port}"),
+            None => format!("{scheme}://{address}"),
+        };
+        let mut endpoint = Endpoint::from_shared(uri).map_err(|e| PeersError::InvalidAddress {
+            node,
+            address: address.to_owned(),
+            reason: e.to_string(),
+        })?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.dialling(node))
+                .map_err(|e| PeersError::Tls {
+                    node,
+                    reason: tls_error_chain(&e),
+                })?;
+        }
+        let channel = endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        let append_stream = Arc::new(AppendStream::new(node, peer_client(channel.clone())));
+        Ok(Dialled {
+            channel,
+            append_stream,
         })
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Members> {
+        self.members.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This node's id.
@@ -126,22 +182,26 @@ impl Peers {
 
     /// Every member's id, this node's included, in order.
     pub fn node_ids(&self) -> Vec<NodeId> {
-        self.addresses.keys().copied().collect()
+        self.read().addresses.keys().copied().collect()
     }
 
-    /// The other members' ids, in order.
-    pub fn others(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.channels.keys().copied()
+    /// The other members' ids, in order, as they are now.
+    pub fn others(&self) -> std::vec::IntoIter<NodeId> {
+        let others: Vec<NodeId> = self.read().dialled.keys().copied().collect();
+        others.into_iter()
     }
 
     /// The address a member is dialled on.
-    pub fn address(&self, node: NodeId) -> Option<&str> {
-        self.addresses.get(&node).map(String::as_str)
+    pub fn address(&self, node: NodeId) -> Option<String> {
+        self.read().addresses.get(&node).cloned()
     }
 
     /// The channel to another member (None for this node or a stranger).
     pub fn channel(&self, node: NodeId) -> Option<Channel> {
-        self.channels.get(&node).cloned()
+        self.read()
+            .dialled
+            .get(&node)
+            .map(|way| way.channel.clone())
     }
 
     /// A `Peer` service client of another member.
@@ -150,8 +210,11 @@ impl Peers {
     }
 
     /// The stream carrying every shard's append-entries calls to another member.
-    pub(crate) fn append_stream(&self, node: NodeId) -> Option<&AppendStream> {
-        self.append_streams.get(&node)
+    pub(crate) fn append_stream(&self, node: NodeId) -> Option<Arc<AppendStream>> {
+        self.read()
+            .dialled
+            .get(&node)
+            .map(|way| way.append_stream.clone())
     }
 }
 
@@ -159,4 +222,62 @@ fn peer_client(channel: Channel) -> PeerClient<Channel> {
     PeerClient::new(channel)
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(members: &[(NodeId, &str)]) -> BTreeMap<NodeId, String> {
+        members
+            .iter()
+            .map(|&(node, address)| (node, address.to_owned()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_changed_member_list_redials_only_the_members_whose_address_changed() {
+        let peers = Peers::new(
+            1,
+            list(&[(1, "127.0.0.1:1"), (2, "127.0.0.1:2"), (3, "127.0.0.1:3")]),
+            None,
+        )
+        .unwrap();
+        let stream_to_2 = peers.append_stream(2).unwrap();
+        let stream_to_3 = peers.append_stream(3).unwrap();
+        let changed = peers
+            .set_members(list(&[
+                (1, "127.0.0.1:1"),
+                (2, "127.0.0.1:2"),
+                (3, "127.0.0.1:33"),
+                (4, "127.0.0.1:4"),
+            ]))
+            .unwrap();
+        assert!(changed);
+        assert!(Arc::ptr_eq(&stream_to_2, &peers.append_stream(2).unwrap()));
+        assert!(!Arc::ptr_eq(&stream_to_3, &peers.append_stream(3).unwrap()));
+        assert_eq!(peers.others().collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(peers.address(3).as_deref(), Some("127.0.0.1:33"));
+
+        assert!(
+            peers
+                .set_members(list(&[(1, "127.0.0.1:1"), (3, "127.0.0.1:33")]))
+                .unwrap()
+        );
+        assert!(peers.append_stream(2).is_none() && peers.channel(4).is_none());
+        assert_eq!(peers.node_ids(), [1, 3]);
+        assert!(
+            !peers
+                .set_members(list(&[(1, "127.0.0.1:1"), (3, "127.0.0.1:33")]))
+                .unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_member_list_without_this_node_is_refused_and_changes_nothing() {
+        let peers = Peers::new(1, list(&[(1, "127.0.0.1:1"), (2, "127.0.0.1:2")]), None).unwrap();
+        let refused = peers.set_members(list(&[(2, "127.0.0.1:2"), (3, "127.0.0.1:3")]));
+        assert!(matches!(refused, Err(PeersError::NotAMember(1))));
+        assert_eq!(peers.node_ids(), [1, 2]);
+    }
 }

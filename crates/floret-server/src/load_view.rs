@@ -75,10 +75,7 @@ impl LoadView {
             return Ok(None);
         }
         let listen = config.gossip.listen.unwrap_or(bound);
-        let own_address = peers
-            .address(peers.node_id())
-            .unwrap_or_default()
-            .to_owned();
+        let own_address = peers.address(peers.node_id()).unwrap_or_default();
         let advertise = match tokio::net::lookup_host(&own_address).await {
             Ok(mut resolved) => resolved
                 .next()
@@ -95,7 +92,7 @@ impl LoadView {
                     advertise,
                     seeds: peers
                         .others()
-                        .filter_map(|node| peers.address(node).map(str::to_owned))
+                        .filter_map(|node| peers.address(node))
                         .collect(),
                     interval,
                     phi_threshold: config.gossip.phi_threshold,

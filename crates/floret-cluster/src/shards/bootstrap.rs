@@ -1,5 +1,6 @@
 //! Bootstrap: founding the groups of the shards this node is the
-//! preferred replica of, and asking the peers which shards they have.
+//! preferred replica of (and the membership group, if this node has the
+//! lowest id), and asking the peers which shards they have.
 //!
 //! Bootstrap never founds a group twice. Only a shard's preferred replica
 //! initialises it, and only once every other replica has answered that its
@@ -17,7 +18,7 @@ use floret_proto::peer::v1::ShardStatesRequest;
 use floret_store::{NodeId, ShardId};
 use openraft::BasicNode;
 
-use super::{Shards, ShardsError};
+use super::{MEMBERSHIP_GROUP, Shards, ShardsError};
 
 /// How long bootstrap waits for a peer to say which shards it has.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -53,7 +54,7 @@ impl Shards {
                 if lone_voter {
                     group.raft.trigger().elect().await.map_err(raft_error)?;
                 }
-            } else if self.replicas.preferred_leader(shard) == node_id {
+            } else if self.founder(shard) == node_id {
                 to_found.push(shard);
             }
         }
@@ -82,15 +83,19 @@ impl Shards {
 
     async fn found(&self, shard: ShardId) -> Result<(), ShardsError> {
         let members: BTreeMap<NodeId, BasicNode> = self
-            .replicas
-            .replicas(shard)
-            .iter()
-            .map(|&node| {
+            .replica_ids(shard)
+            .into_iter()
+            .map(|node| {
                 let address = self.peers.address(node).unwrap_or_default();
                 (node, BasicNode::new(address))
             })
             .collect();
-        tracing::info!(shard, voters = ?members.keys().collect::<Vec<_>>(), "founding shard");
+        let voters: Vec<&NodeId> = members.keys().collect();
+        if shard == MEMBERSHIP_GROUP {
+            tracing::info!(?voters, "founding the membership group");
+        } else {
+            tracing::info!(shard, ?voters, "founding shard");
+        }
         let group = &self.groups[&shard];
         match group.raft.initialize(members).await {
             Ok(()) => Ok(()),
@@ -104,6 +109,26 @@ impl Shards {
         }
     }
 
+    /// The nodes that hold `group` from its founding: a shard's replicas,
+    /// or every member for the membership group.
+    fn replica_ids(&self, group: ShardId) -> Vec<NodeId> {
+        if group == MEMBERSHIP_GROUP {
+            self.peers.node_ids()
+        } else {
+            self.replicas.replicas(group).to_vec()
+        }
+    }
+
+    /// The node that founds `group`: a shard's preferred replica, or the
+    /// member with the lowest id for the membership group.
+    fn founder(&self, group: ShardId) -> NodeId {
+        if group == MEMBERSHIP_GROUP {
+            self.peers.node_ids()[0]
+        } else {
+            self.replicas.preferred_leader(group)
+        }
+    }
+
     /// What the other replicas of `shard` said in `answers` (from
     /// [`Shards::probe_peers`]): whether any has it initialised, and
     /// whether all of them answered.
@@ -113,11 +138,8 @@ impl Shards {
         answers: &BTreeMap<NodeId, Option<BTreeSet<ShardId>>>,
     ) -> (bool, bool) {
         let node_id = self.node_id();
-        let others = self
-            .replicas
-            .replicas(shard)
-            .iter()
-            .filter(|&&node| node != node_id);
+        let replica_ids = self.replica_ids(shard);
+        let others = replica_ids.iter().filter(|&&node| node != node_id);
         let initialised_elsewhere = others
             .clone()
             .any(|node| matches!(answers.get(node), Some(Some(set)) if set.contains(&shard)));

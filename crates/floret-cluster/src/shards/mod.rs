@@ -3,17 +3,26 @@
 //! and shut down together, and the routing that says which node to ask
 //! about a shard.
 //!
+//! Beside the shards, every member holds a replica of the membership group
+//! ([`MEMBERSHIP_GROUP`]): a raft group whose own membership is the
+//! cluster's member list, founded at a cluster's first start like a shard.
+//! It applies nothing else.
+//!
 //! - `bootstrap.rs`: founding new groups, never twice.
 //! - `vote_guard.rs`: a node that may have forgotten a vote or an entry it
 //!   acknowledged grants no vote until a leader reaches it.
 //! - `take_over.rs`: a voter whose log is ahead of a refused candidate's
 //!   calls its own election when no leader is heard.
 //! - `tuning.rs`: raft timing and snapshot tunables.
+//! - `members.rs`: the member list as the membership group holds it.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Membership is fixed by configuration: no joint-consensus changes yet.
+//! - Membership is fixed by configuration: the membership group holds the
+//!   configured members and nothing changes it yet, and shard groups are
+//!   opened once at start.
 
 mod bootstrap;
+mod members;
 mod take_over;
 mod tuning;
 mod vote_guard;
@@ -24,6 +33,7 @@ use std::time::Instant;
 
 use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
 
+pub use members::{Member, MembersView};
 pub use tuning::RaftTuning;
 pub use vote_guard::VOTE_GUARD;
 
@@ -34,6 +44,9 @@ use crate::placement::{ReplicaPlacement, ShardPlacement};
 use take_over::LeaderContact;
 use tuning::raft_config;
 use vote_guard::forget_leadership;
+
+/// The id of the membership group, outside the range of shard ids.
+pub const MEMBERSHIP_GROUP: ShardId = ShardId::MAX;
 
 /// Why the shards could not start.
 #[derive(Debug, thiserror::Error)]
@@ -112,33 +125,37 @@ impl Shards {
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
         let lost_tail = database.log_cut_at_open() > 0;
         let new_data_dir = database.created() && peers.others().next().is_some();
-        let mut groups = BTreeMap::new();
-        for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
-            let trees = |source| ShardsError::Trees { shard, source };
-            let raft_error = |reason: String| ShardsError::Raft { shard, reason };
-            let mut log_store = database.log_store(shard);
-            if lost_tail {
-                forget_leadership(&mut log_store)
+        let open_group = |shard: ShardId| {
+            let config = config.clone();
+            let events = (shard != MEMBERSHIP_GROUP).then(|| events.clone());
+            let peers = peers.clone();
+            async move {
+                let trees = |source| ShardsError::Trees { shard, source };
+                let raft_error = |reason: String| ShardsError::Raft { shard, reason };
+                let mut log_store = database.log_store(shard);
+                if lost_tail {
+                    forget_leadership(&mut log_store)
+                        .await
+                        .map_err(|e| raft_error(e.to_string()))?;
+                }
+                let state_machine = database.state_machine(shard, events).map_err(trees)?;
+                let reader = state_machine.reader();
+                let network = PeerNetwork::new(shard, peers);
+                let raft = Raft::new(node_id, config, network, log_store, state_machine)
                     .await
                     .map_err(|e| raft_error(e.to_string()))?;
-            }
-            let state_machine = database
-                .state_machine(shard, Some(events.clone()))
-                .map_err(trees)?;
-            let reader = state_machine.reader();
-            let network = PeerNetwork::new(shard, peers.clone());
-            let raft = Raft::new(node_id, config.clone(), network, log_store, state_machine)
-                .await
-                .map_err(|e| raft_error(e.to_string()))?;
-            groups.insert(
-                shard,
-                ShardGroup {
+                Ok::<_, ShardsError>(ShardGroup {
                     id: shard,
                     raft,
                     reader,
-                },
-            );
+                })
+            }
+        };
+        let mut groups = BTreeMap::new();
+        for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
+            groups.insert(shard, open_group(shard).await?);
         }
+        groups.insert(MEMBERSHIP_GROUP, open_group(MEMBERSHIP_GROUP).await?);
         let mut vote_guard = BTreeMap::new();
         if lost_tail {
             tracing::warn!(
@@ -188,12 +205,28 @@ impl Shards {
 
     /// The shard's group on this node, if this node holds a replica of it.
     pub fn group(&self, shard: ShardId) -> Option<&ShardGroup> {
-        self.groups.get(&shard)
+        self.groups
+            .get(&shard)
+            .filter(|_| shard != MEMBERSHIP_GROUP)
     }
 
     /// The shards this node holds, in id order.
     pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+        self.groups
+            .range(..MEMBERSHIP_GROUP)
+            .map(|(_, group)| group)
+    }
+
+    /// The shards this node holds, then the membership group: every raft
+    /// group here, for checks that compare replicas.
+    pub fn groups_and_membership(&self) -> impl Iterator<Item = &ShardGroup> {
         self.groups.values()
+    }
+
+    /// The raft group a peer's raft call names: a shard's, or the
+    /// membership group's.
+    pub fn raft(&self, group: ShardId) -> Option<&Raft> {
+        self.groups.get(&group).map(|group| &group.raft)
     }
 
     /// Producer -> shard placement.

@@ -1,9 +1,11 @@
 //! Cluster status: this node's own view (itself and the shards it holds)
 //! and every node's views merged, each shard as its leader reports it,
-//! with every replica's progress and every node's gossip verdict.
+//! with every replica's progress and every node's gossip verdict, and the
+//! member list as the membership group holds it.
 
 use std::collections::BTreeMap;
 
+use floret_cluster::MembersView;
 use floret_proto::v1;
 
 use super::AdminService;
@@ -14,6 +16,35 @@ fn resident_bytes() -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
     let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kibibytes * 1024)
+}
+
+/// The member list in its wire form.
+fn membership(view: MembersView) -> v1::Membership {
+    v1::Membership {
+        epoch: view.epoch,
+        leader_id: view.leader.unwrap_or(0),
+        members: view
+            .members
+            .into_iter()
+            .map(|member| v1::Member {
+                node_id: member.id,
+                peer_address: member.peer_address,
+                voter: member.voter,
+            })
+            .collect(),
+    }
+}
+
+/// Of the member lists the nodes reported, the one at the highest epoch
+/// (the leader's first among equals).
+fn latest_membership(
+    views: &BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
+) -> Option<v1::Membership> {
+    views
+        .iter()
+        .filter_map(|(&node, view)| Some((node, view.as_ref().ok()?.membership.as_ref()?)))
+        .max_by_key(|(node, membership)| (membership.epoch, membership.leader_id == *node))
+        .map(|(_, membership)| membership.clone())
 }
 
 impl AdminService {
@@ -61,6 +92,7 @@ impl AdminService {
                 ..Default::default()
             }],
             shards,
+            membership: Some(membership(self.shards.members_view())),
         }
     }
 
@@ -77,6 +109,7 @@ impl AdminService {
             node_id: self.shards.node_id(),
             nodes,
             shards,
+            membership: latest_membership(&views),
         }
     }
 
@@ -90,12 +123,12 @@ impl AdminService {
             .iter()
             .map(|(&node_id, view)| match view {
                 Ok(view) => v1::NodeStatus {
-                    peer_address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    peer_address: peers.address(node_id).unwrap_or_default(),
                     ..view.nodes.first().cloned().unwrap_or_default()
                 },
                 Err(error) => v1::NodeStatus {
                     node_id,
-                    peer_address: peers.address(node_id).unwrap_or_default().to_owned(),
+                    peer_address: peers.address(node_id).unwrap_or_default(),
                     reachable: false,
                     error: error.clone(),
                     ..Default::default()

@@ -284,7 +284,7 @@ fn admin_only<T>(request: &Request<T>, method: &str) -> Result<Arc<Caller>, Stat
 /// Applied index and state digest of every shard replica this node holds.
 fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
     shards
-        .groups()
+        .groups_and_membership()
         .map(|group| {
             let read_error = |e: floret_store::StorageError| {
                 Status::from(RequestError::Internal(format!(

@@ -15,9 +15,9 @@ use crate::error::RequestError;
 use crate::raft_inputs;
 use crate::request::InvalidRequest;
 
-/// The raft group of `shard` on this node.
+/// The raft group of `shard` (or the membership group) on this node.
 pub(super) fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
-    shards.group(shard).map(|group| &group.raft).ok_or_else(|| {
+    shards.raft(shard).ok_or_else(|| {
         Status::from(RequestError::unavailable(format!(
             "node {} holds no replica of shard {shard}",
             shards.node_id()
