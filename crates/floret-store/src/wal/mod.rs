@@ -29,7 +29,7 @@
 //! a hole. A write or sync that fails while running stops the log for good
 //! (see `WalState::failed`).
 //!
-//! Files: `segment.rs` (segment files and frames), `recovery.rs` (replaying
+//! Files: `segment.rs` (segment files, frames and the records they carry), `recovery.rs` (replaying
 //! a segment at open, torn write or corruption), `reading.rs` (entries and
 //! payloads read back), `retention.rs` (purges and which segments go),
 //! `pins.rs` (segments that stored messages point into), `tests.rs`.
@@ -47,7 +47,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::Vote;
-use serde::{Deserialize, Serialize};
 
 use crate::types::{LogId, NodeId, ShardId};
 
@@ -60,7 +59,7 @@ mod segment;
 use pins::Pins;
 pub use pins::{PinCapture, SegmentRuns};
 use recovery::replay_segment;
-use segment::{create_segment, entry_frame, frame, segment_path};
+use segment::{Record, create_segment, entry_frame, frame, segment_path};
 
 /// A segment is closed and a new one started past this size.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
@@ -74,33 +73,6 @@ pub const MAX_FRAME_BYTES: usize = SEGMENT_BYTES as usize;
 /// A shard with at most this many bytes of live entries in sealed segments
 /// has them copied forward rather than keep those segments.
 const CARRY_FORWARD_BYTES: u64 = 1024 * 1024;
-
-#[derive(Debug, Serialize, Deserialize)]
-enum Record {
-    /// Followed in its frame by the payloads, raw, of the lengths listed.
-    Entry {
-        shard: ShardId,
-        log_id: LogId,
-        entry: Vec<u8>,
-        payload_lens: Vec<u32>,
-    },
-    Vote {
-        shard: ShardId,
-        vote: Vote<NodeId>,
-    },
-    Committed {
-        shard: ShardId,
-        committed: Option<LogId>,
-    },
-    Truncate {
-        shard: ShardId,
-        since: u64,
-    },
-    Purge {
-        shard: ShardId,
-        upto: LogId,
-    },
-}
 
 /// Where one entry's frame is.
 #[derive(Debug, Clone, Copy)]

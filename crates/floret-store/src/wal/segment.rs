@@ -1,5 +1,6 @@
 //! The log's segment files: their names, creating one (and syncing the
-//! directory so it survives a crash), the frame a record is written as, and
+//! directory so it survives a crash), the records the log holds and the
+//! frame each is written as, and
 //! appending whole frames to the active segment.
 
 use std::fs::{File, OpenOptions};
@@ -7,9 +8,40 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{EncodedEntry, FRAME_HEADER, Record, Segment, WalState};
+use openraft::Vote;
+use serde::{Deserialize, Serialize};
+
+use super::{EncodedEntry, FRAME_HEADER, Segment, WalState};
 use crate::records::encode;
-use crate::types::{LogId, ShardId};
+use crate::types::{LogId, NodeId, ShardId};
+
+/// What one frame of the log carries.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Record {
+    /// Followed in its frame by the payloads, raw, of the lengths listed.
+    Entry {
+        shard: ShardId,
+        log_id: LogId,
+        entry: Vec<u8>,
+        payload_lens: Vec<u32>,
+    },
+    Vote {
+        shard: ShardId,
+        vote: Vote<NodeId>,
+    },
+    Committed {
+        shard: ShardId,
+        committed: Option<LogId>,
+    },
+    Truncate {
+        shard: ShardId,
+        since: u64,
+    },
+    Purge {
+        shard: ShardId,
+        upto: LogId,
+    },
+}
 
 pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("wal-{id:020}.log"))
