@@ -10,7 +10,8 @@
 //! rather than letting replicas diverge.
 //!
 //! Files: `overlay.rs` gathers one apply's changes and reads through them,
-//! `ops.rs` says what each operation means; this file is the openraft
+//! `ops.rs` says what each operation means (`dead_letters.rs` for dead
+//! letters); this file is the openraft
 //! glue (apply, snapshots) and the events.
 //!
 //! Payloads are written once: a message whose entry is durable in this
@@ -32,6 +33,7 @@
 //! - `drop_oldest` and `dead_letter_oldest` may take messages that are in
 //!   flight; their acks then answer "already acked".
 
+mod dead_letters;
 mod ops;
 mod overlay;
 #[cfg(test)]

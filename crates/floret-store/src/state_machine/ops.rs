@@ -1,21 +1,20 @@
 //! What each operation means, applied to the overlay: enqueue (with
-//! idempotency, limits and overflow), delays, removals, discards and dead
-//! letters, policies, forgetting idle producers. Deterministic: every
+//! idempotency, limits and overflow), delays, removals, discards,
+//! policies, forgetting idle producers (dead letters: `dead_letters.rs`). Deterministic: every
 //! reply is computed from the replicated state and the op alone.
 
-use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use crate::keys;
 use crate::policy::{Overflow, Policy};
-use crate::records::{DeadLetterRecord, ProducedBatch, StoredMessage, decode, encode};
+use crate::records::{DeadLetterRecord, ProducedBatch, encode};
 use crate::resting::{self, LoggedPayload, RestingPayload};
 use crate::runs;
 use crate::sink_spec::SetSink;
 use crate::storage_error;
 use crate::types::{
-    DeadLetterReason, DeadLetterSelection, DelayedEnqueue, Discard, Enqueue, IdleProducer,
-    MessageRef, OpReply, SetPolicy, StorageError,
+    DeadLetterReason, DelayedEnqueue, Discard, Enqueue, IdleProducer, MessageRef, OpReply,
+    SetPolicy, StorageError,
 };
 
 use super::AppliedEvent;
@@ -264,29 +263,6 @@ impl PendingApply<'_> {
         Ok(OpReply::Removed { count })
     }
 
-    pub(super) fn keep_dead_letter(
-        &mut self,
-        queue: &str,
-        record: DeadLetterRecord,
-    ) -> Result<(), StorageError> {
-        let id = match self.next_dead_letter.get(queue) {
-            Some(&id) => id,
-            None => match self
-                .tree()
-                .get(keys::next_dead_letter(queue))
-                .map_err(storage_error::read_state_machine)?
-            {
-                Some(bytes) => decode("next dead-letter id", &bytes)
-                    .map_err(storage_error::read_state_machine)?,
-                None => 0,
-            },
-        };
-        self.next_dead_letter.insert(queue.to_owned(), id + 1);
-        self.changes
-            .insert(keys::dead_letter(queue, id), encode(&record));
-        Ok(())
-    }
-
     pub(super) fn set_policy(&mut self, change: &SetPolicy) -> OpReply {
         let producer = change.producer.as_deref();
         let stored = if change.replace {
@@ -326,69 +302,6 @@ impl PendingApply<'_> {
             sink: change.sink.clone(),
             had_one,
         })
-    }
-
-    /// The dead letters `selection` names that exist, each once, in id
-    /// order, with its key and decoded record.
-    pub(super) fn selected_dead_letters(
-        &self,
-        selection: &DeadLetterSelection,
-    ) -> Result<Vec<(Vec<u8>, DeadLetterRecord)>, StorageError> {
-        let ids: BTreeSet<u64> = selection.ids.iter().copied().collect();
-        let mut found = Vec::with_capacity(ids.len());
-        for id in ids {
-            let key = keys::dead_letter(&selection.queue, id);
-            if let Some(value) = self.get(&key)? {
-                let record =
-                    decode("dead letter", &value).map_err(storage_error::read_state_machine)?;
-                found.push((key, record));
-            }
-        }
-        Ok(found)
-    }
-
-    pub(super) fn replay_dead_letters(
-        &mut self,
-        selection: &DeadLetterSelection,
-    ) -> Result<OpReply, StorageError> {
-        let dead_letters = self.selected_dead_letters(selection)?;
-        let count = dead_letters.len() as u64;
-        for (key, dead) in dead_letters {
-            let message: StoredMessage =
-                decode("message", &dead.message).map_err(storage_error::read_state_machine)?;
-            let value = resting::encode_resting(
-                RestingPayload::Inline(&message.payload),
-                &message.headers,
-                selection.at_ms,
-            );
-            let bytes = accounted(&value)?;
-            let record = self.producer(&selection.queue, &dead.producer)?;
-            let sequence = record.tail;
-            record.tail += 1;
-            record.messages += 1;
-            record.bytes += bytes;
-            self.changes.remove(key);
-            self.add_run(&selection.queue, &dead.producer, sequence, &[value]);
-            self.events.push(AppliedEvent::Enqueued {
-                shard: self.shard,
-                queue: selection.queue.clone(),
-                producer: dead.producer,
-                sequences: sequence..sequence + 1,
-            });
-        }
-        Ok(OpReply::Replayed { count })
-    }
-
-    pub(super) fn delete_dead_letters(
-        &mut self,
-        selection: &DeadLetterSelection,
-    ) -> Result<OpReply, StorageError> {
-        let dead_letters = self.selected_dead_letters(selection)?;
-        let count = dead_letters.len() as u64;
-        for (key, _) in dead_letters {
-            self.changes.remove(key);
-        }
-        Ok(OpReply::Removed { count })
     }
 
     /// Deletes the counters of producers still idle as the leader saw them:
@@ -450,6 +363,6 @@ impl PendingApply<'_> {
 }
 
 /// The bytes a message at rest counts against its producer's limits.
-fn accounted(value: &[u8]) -> Result<u64, StorageError> {
+pub(super) fn accounted(value: &[u8]) -> Result<u64, StorageError> {
     resting::accounted_len(value).map_err(storage_error::read_state_machine)
 }
