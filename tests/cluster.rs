@@ -11,6 +11,7 @@ mod first_start;
 mod gossip_blocked;
 mod harness;
 mod health;
+mod membership;
 mod peer_port;
 mod rolling_restart;
 mod sink_failover;

@@ -186,6 +186,11 @@ pub struct Cluster {
     failpoints: String,
     /// Each node's gossip port, when it is not its peer port's number.
     gossip_ports: Option<Vec<u16>>,
+    /// How many nodes founded the cluster (ids `1..=founders`); later ids
+    /// joined it.
+    founders: usize,
+    /// The peer port of the next node to join, once asked for.
+    next_peer_port: Option<u16>,
     nodes: Vec<Option<FloretProcess>>,
 }
 
@@ -256,8 +261,44 @@ impl Cluster {
             tls,
             failpoints: failpoints.to_owned(),
             gossip_ports: None,
+            founders: size,
+            next_peer_port: None,
             nodes: (0..size).map(|_| None).collect(),
         }
+    }
+
+    /// Starts a new node (the next id) that joins the running cluster by
+    /// asking its founders (`--join`), on ports of its own, and waits until
+    /// it serves. Make it a member first (`Client::add_node` with
+    /// [`Cluster::next_peer_address`]).
+    pub fn join(&mut self) -> u64 {
+        assert!(
+            self.tls.is_none(),
+            "joining over TLS needs a certificate for the new node"
+        );
+        let next_peer_address = self.next_peer_address();
+        let port = floret_chaos::ports::free_loopback_ports(1).expect("a free loopback port")[0];
+        let peer_port: u16 = next_peer_address
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("a peer address");
+        self.ports.push(port);
+        self.peer_ports.push(peer_port);
+        self.nodes.push(None);
+        let id = self.nodes.len() as u64;
+        self.next_peer_port = None;
+        let node = self.spawn(id).wait_ready();
+        self.nodes[id as usize - 1] = Some(node);
+        id
+    }
+
+    /// The peer address the next node [`Cluster::join`] starts will listen
+    /// on (picked once, then kept until it joins).
+    pub fn next_peer_address(&mut self) -> String {
+        let port = *self.next_peer_port.get_or_insert_with(|| {
+            floret_chaos::ports::free_loopback_ports(1).expect("a free loopback port")[0]
+        });
+        format!("127.0.0.1:{port}")
     }
 
     /// Starts every node at once and waits until each serves.
@@ -272,9 +313,9 @@ impl Cluster {
     }
 
     fn spawn(&self, id: u64) -> Starting {
-        let peers = peers_flag(
+        let founders = peers_flag(
             (1..)
-                .zip(&self.peer_ports)
+                .zip(&self.peer_ports[..self.founders])
                 .map(|(id, port)| (id, format!("127.0.0.1:{port}"))),
         );
         let mut args = vec![
@@ -282,9 +323,17 @@ impl Cluster {
             id.to_string(),
             "--listen".to_owned(),
             self.address(id),
-            "--peers".to_owned(),
-            peers,
         ];
+        if id as usize <= self.founders {
+            args.extend(["--peers".to_owned(), founders]);
+        } else {
+            args.extend([
+                "--join".to_owned(),
+                founders,
+                "--peer-listen".to_owned(),
+                self.peer_address(id),
+            ]);
+        }
         if let Some(certs) = &self.tls {
             args.extend(certs.serve_flags(id));
         }

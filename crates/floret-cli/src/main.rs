@@ -6,6 +6,7 @@
 
 mod bench;
 mod certs;
+mod cluster;
 mod config;
 mod consume;
 mod dead_letters;
@@ -136,6 +137,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Show the cluster's shards and the queues' statistics.
     Status(status::StatusArgs),
+    /// Add or remove a member while the cluster serves.
+    Cluster(cluster::ClusterArgs),
     /// Exit 0 if a node serves (gRPC health), 1 if not.
     Health(health::HealthArgs),
     /// Measure a running floret: noisy-neighbor, throughput, scale.
@@ -202,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             Command::Produce(args) => produce::run(args).await,
             Command::Consume(args) => consume::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Cluster(args) => cluster::run(args).await,
             Command::Health(args) => health::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Policy(args) => policy::run(args).await,

@@ -49,6 +49,16 @@ pub struct ServeArgs {
     /// `1=host:port,2=host:port,...`.
     #[arg(long, env = "FLORET_PEERS", hide_env_values = true)]
     peers: Option<String>,
+    /// Join a running cluster instead (after `floret cluster add-node`):
+    /// members to ask, `1=host:port,...` by their peer ports. The shard
+    /// count, replication factor and members come from them.
+    #[arg(
+        long,
+        env = "FLORET_JOIN",
+        hide_env_values = true,
+        conflicts_with = "peers"
+    )]
+    join: Option<String>,
     /// Replicas of each shard.
     #[arg(long, env = "FLORET_REPLICATION_FACTOR", hide_env_values = true)]
     replication_factor: Option<usize>,
@@ -127,6 +137,10 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
     if let Some(peers) = args.peers {
         config.peers = floret_server::config::parse_peers(&peers)
             .map_err(|message| anyhow::anyhow!("--peers: {message}"))?;
+    }
+    if let Some(join) = args.join {
+        config.join = floret_server::config::parse_peers(&join)
+            .map_err(|message| anyhow::anyhow!("--join: {message}"))?;
     }
     if let Some(replication_factor) = args.replication_factor {
         config.replication_factor = replication_factor;

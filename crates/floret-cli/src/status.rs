@@ -42,12 +42,13 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 "epoch": m.epoch, "leader_id": m.leader_id,
                 "members": m.members.iter().map(|member| serde_json::json!({
                     "node_id": member.node_id, "peer_address": member.peer_address, "voter": member.voter,
+                    "leaving": member.leaving,
                 })).collect::<Vec<_>>(),
             })),
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
                 "shard_id": s.shard_id, "leader_id": s.leader_id, "preferred_leader_id": s.preferred_leader_id,
                 "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index,
-                "voters": s.voters,
+                "voters": s.voters, "learners": s.learners,
                 "replicas": s.replicas.iter().map(|r| serde_json::json!({
                     "node_id": r.node_id, "reachable": r.reachable, "applied_index": r.applied_index, "lag": r.lag,
                 })).collect::<Vec<_>>(),
@@ -216,7 +217,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
 
 /// The member list in one line: its epoch, and each member with its peer
 /// address, the membership group's leader marked `*`, learners `(learner)`.
-fn members_line(membership: Option<&floret_client::Membership>) -> String {
+pub(crate) fn members_line(membership: Option<&floret_client::Membership>) -> String {
     let Some(membership) = membership.filter(|m| m.epoch.is_some()) else {
         return "members: the membership group is not founded yet".to_owned();
     };
@@ -229,7 +230,11 @@ fn members_line(membership: Option<&floret_client::Membership>) -> String {
             } else {
                 ""
             };
-            let learner = if member.voter { "" } else { " (learner)" };
+            let learner = match (member.voter, member.leaving) {
+                (_, true) => " (leaving)",
+                (false, false) => " (learner)",
+                (true, false) => "",
+            };
             format!(
                 "{}{leader} {}{learner}",
                 member.node_id, member.peer_address

@@ -1,5 +1,6 @@
 //! The `floret.v1.Admin` calls of [`Client`]: cluster status, queue
-//! statistics, replica digests, policies, dead letters and sinks.
+//! statistics, replica digests, policies, dead letters, sinks and changes
+//! of members.
 
 use floret_proto::v1;
 
@@ -32,6 +33,30 @@ impl Client {
             .cluster_status(v1::ClusterStatusRequest {})
             .await?
             .into_inner())
+    }
+
+    /// Makes node `node_id`, dialled by the other nodes at `peer_address`, a
+    /// member; answers with the members once the change is committed (the
+    /// shards move to it after). Start the node with `--join`.
+    pub async fn add_node(
+        &self,
+        node_id: u64,
+        peer_address: &str,
+    ) -> Result<v1::Membership, ClientError> {
+        let request = v1::AddNodeRequest {
+            node_id,
+            peer_address: peer_address.to_owned(),
+        };
+        let answer = self.admin.clone().add_node(request).await?.into_inner();
+        Ok(answer.membership.unwrap_or_default())
+    }
+
+    /// Removes member `node_id`, alive or dead; answers with the members
+    /// once the change is committed (its shards move to the others after).
+    pub async fn remove_node(&self, node_id: u64) -> Result<v1::Membership, ClientError> {
+        let request = v1::RemoveNodeRequest { node_id };
+        let answer = self.admin.clone().remove_node(request).await?.into_inner();
+        Ok(answer.membership.unwrap_or_default())
     }
 
     /// Per-queue and per-producer statistics of the whole cluster (`queue`

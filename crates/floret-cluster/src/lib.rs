@@ -45,5 +45,6 @@ pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};
 pub use shards::{
-    MEMBERSHIP_GROUP, Member, MembersView, RaftTuning, ShardGroup, Shards, ShardsError,
+    MAX_MEMBERSHIP_VOTERS, MEMBERSHIP_GROUP, Member, MemberChange, MemberChangeError, MembersView,
+    RaftTuning, ShardGroup, Shards, ShardsError, membership_voters,
 };

@@ -4,16 +4,18 @@
 //! ([`next_move_step`]).
 //!
 //! A move adds each new replica as a learner, waits until it has caught up,
-//! hands leadership away if the leader itself leaves, and then changes the
-//! voters to the new set in one joint change (which also drops the learners
-//! the new set does not name). Each step follows from what the leader
-//! observes, not from what was done before, so a leader that takes over a
-//! half-done move goes on where the last one stopped, and a step carried
-//! out twice asks for nothing more.
+//! hands leadership away if the leader itself leaves, changes the voters to
+//! the new set in one joint change (keeping the leaving replicas as
+//! learners, so the new configuration reaches them), and then drops every
+//! learner the new set does not name (those, and any left by an abandoned
+//! move). Each step follows from
+//! what the leader observes, not from what was done before, so a leader
+//! that takes over a half-done move goes on where the last one stopped, and
+//! a step carried out twice asks for nothing more.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Nothing carries the steps out yet: members are still fixed at a
-//!   cluster's first start (`docs/design.md`, "Membership").
+//! - The node's move driver carries the steps out (floret-server,
+//!   `leadership/moves.rs`); this module only decides.
 //! - How many shards move at once, and how long a learner may take to catch
 //!   up before the move is reported stalled, are the caller's.
 
@@ -44,6 +46,36 @@ pub struct ShardRaftView {
 }
 
 impl ShardRaftView {
+    /// What a leader's raft metrics say of its group; None when the metrics
+    /// are not a leader's.
+    pub fn of_leader(metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> Option<Self> {
+        let leader = metrics.id;
+        if metrics.current_leader != Some(leader) {
+            return None;
+        }
+        let stored = &metrics.membership_config;
+        let membership = stored.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+        let configuration_index = stored.log_id().map(|log_id| log_id.index);
+        let applied_index = metrics.last_applied.map(|log_id| log_id.index);
+        let matched = metrics
+            .replication
+            .iter()
+            .flatten()
+            .filter_map(|(&node, matched)| Some((node, matched.as_ref()?.index)))
+            .collect();
+        Some(Self {
+            leader,
+            voters,
+            learners,
+            changing: membership.get_joint_config().len() > 1
+                || configuration_index > applied_index,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            matched,
+        })
+    }
+
     /// How many entries `node` is behind the leader's log.
     fn behind(&self, node: NodeId) -> u64 {
         if node == self.leader {
@@ -73,8 +105,11 @@ pub enum MoveStep {
     /// The leader leaves the group: hand leadership to this voter that
     /// stays, the most caught up of them, before changing the voters.
     HandLeadershipTo(NodeId),
-    /// Change the voters to this set, dropping every other learner.
+    /// Change the voters to this set (the voters it does not name leave
+    /// the group).
     ChangeVoters(BTreeSet<NodeId>),
+    /// The voters are the new set: drop these learners it does not name.
+    RemoveLearners(BTreeSet<NodeId>),
 }
 
 /// The next step of a move towards the voters `target`, as the shard's
@@ -92,7 +127,7 @@ pub fn next_move_step(
         return if view.learners.is_empty() {
             MoveStep::Done
         } else {
-            MoveStep::ChangeVoters(target.clone())
+            MoveStep::RemoveLearners(view.learners.clone())
         };
     }
     let joining: Vec<NodeId> = target.difference(&view.voters).copied().collect();
@@ -291,7 +326,7 @@ mod tests {
         let seen = view(1, &[1, 2, 3], &[5]);
         assert_eq!(
             next_move_step(&set(&[1, 2, 3]), &seen, 64),
-            MoveStep::ChangeVoters(set(&[1, 2, 3]))
+            MoveStep::RemoveLearners(set(&[5]))
         );
     }
 

@@ -113,6 +113,7 @@ impl Hash for VirtualNode {
 /// Maps each shard to the nodes that hold it, preferred leader first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaPlacement {
+    members: Vec<NodeId>,
     replicas: Vec<Vec<NodeId>>,
     description: String,
 }
@@ -191,9 +192,15 @@ impl ReplicaPlacement {
             replication_factor.max(1)
         );
         Self {
+            members,
             replicas,
             description,
         }
+    }
+
+    /// The members it places shards on, in id order.
+    pub fn members(&self) -> &[NodeId] {
+        &self.members
     }
 
     /// What the placement follows from (member ids, replication factor):

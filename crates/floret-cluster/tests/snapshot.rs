@@ -37,7 +37,7 @@ async fn start(dir: &std::path::Path) -> (Database, Shards) {
     let database = Database::open(dir).unwrap();
     let peers =
         Arc::new(Peers::new(1, BTreeMap::from([(1, "127.0.0.1:1".to_owned())]), None).unwrap());
-    let shards = Shards::open(peers, &database, 1, 3, &tuning(), Arc::new(|_| {}))
+    let shards = Shards::open(peers, &[1], &database, 1, 3, &tuning(), Arc::new(|_| {}))
         .await
         .unwrap();
     shards.bootstrap().await.unwrap();

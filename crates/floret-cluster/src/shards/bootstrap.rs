@@ -110,12 +110,12 @@ impl Shards {
     }
 
     /// The nodes that hold `group` from its founding: a shard's replicas,
-    /// or every member for the membership group.
+    /// or every founding member for the membership group.
     fn replica_ids(&self, group: ShardId) -> Vec<NodeId> {
         if group == MEMBERSHIP_GROUP {
-            self.peers.node_ids()
+            self.founding.members().to_vec()
         } else {
-            self.replicas.replicas(group).to_vec()
+            self.founding.replicas(group).to_vec()
         }
     }
 
@@ -123,9 +123,9 @@ impl Shards {
     /// member with the lowest id for the membership group.
     fn founder(&self, group: ShardId) -> NodeId {
         if group == MEMBERSHIP_GROUP {
-            self.peers.node_ids()[0]
+            self.founding.members()[0]
         } else {
-            self.replicas.preferred_leader(group)
+            self.founding.preferred_leader(group)
         }
     }
 
@@ -164,11 +164,11 @@ impl Shards {
                 match answer {
                     Ok(Ok(states)) => {
                         let states = states.into_inner();
-                        if states.placement != self.replicas.description() {
+                        if states.placement != self.founding.description() {
                             tracing::error!(
                                 node,
                                 theirs = states.placement,
-                                ours = self.replicas.description(),
+                                ours = self.founding.description(),
                                 "peer is configured with another cluster placement; not founding shards with it"
                             );
                             return (node, None);

@@ -1,12 +1,18 @@
-//! The shards this node holds: one openraft group per shard whose replica
-//! set includes this node, all on the node's one database, created at start
-//! and shut down together, and the routing that says which node to ask
-//! about a shard.
+//! The shards on this node: one openraft group per shard of the cluster,
+//! all on the node's one database, created at start and shut down
+//! together, and the routing that says which node to ask about a shard.
+//!
+//! Every node opens the group of every shard, and holds a replica of those
+//! whose raft membership names it ([`Shards::holds`]): the ones it was
+//! placed on at the cluster's first start, and those a leader moved to it
+//! since (a group this node holds no replica of stays uninitialised, and
+//! costs an idle task and its empty trees).
 //!
 //! Beside the shards, every member holds a replica of the membership group
 //! ([`MEMBERSHIP_GROUP`]): a raft group whose own membership is the
 //! cluster's member list, founded at a cluster's first start like a shard.
-//! It applies nothing else.
+//! It applies nothing else. The current replica placement follows it
+//! (`members.rs`).
 //!
 //! - `bootstrap.rs`: founding new groups, never twice.
 //! - `vote_guard.rs`: a node that may have forgotten a vote or an entry it
@@ -14,25 +20,33 @@
 //! - `take_over.rs`: a voter whose log is ahead of a refused candidate's
 //!   calls its own election when no leader is heard.
 //! - `tuning.rs`: raft timing and snapshot tunables.
-//! - `members.rs`: the member list as the membership group holds it.
+//! - `members.rs`: the member list as the membership group holds it, and
+//!   the peers and placement that follow it.
+//! - `member_changes.rs`: adding and removing members.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Membership is fixed by configuration: the membership group holds the
-//!   configured members and nothing changes it yet, and shard groups are
-//!   opened once at start.
+//! - A replica a move took away from this node keeps its state (and its
+//!   group may call elections nobody grants) until the node restarts on a
+//!   wiped data dir: retirement is not built.
+//! - Every node opens every shard's group, so the shard count bounds the
+//!   groups per node, not the replicas it holds.
 
 mod bootstrap;
+mod member_changes;
 mod members;
 mod take_over;
 mod tuning;
 mod vote_guard;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
 
+pub use member_changes::{
+    MAX_MEMBERSHIP_VOTERS, MemberChange, MemberChangeError, membership_voters,
+};
 pub use members::{Member, MembersView};
 pub use tuning::RaftTuning;
 pub use vote_guard::VOTE_GUARD;
@@ -63,6 +77,9 @@ pub enum ShardsError {
         #[source]
         source: sled::Error,
     },
+    /// A member's address the membership group holds cannot be dialled.
+    #[error(transparent)]
+    Peers(#[from] crate::peers::PeersError),
     /// openraft refused the configuration or failed to start a group.
     #[error("cannot start the raft group of shard {shard}: {reason}")]
     Raft {
@@ -89,7 +106,16 @@ pub struct Shards {
     peers: Arc<Peers>,
     groups: BTreeMap<ShardId, ShardGroup>,
     placement: ShardPlacement,
-    replicas: ReplicaPlacement,
+    /// Where the shards were placed at the cluster's first start: what
+    /// founds them, and what the data dir and the peers' probes compare.
+    founding: ReplicaPlacement,
+    /// Where the shards are placed over the current members.
+    replicas: RwLock<Arc<ReplicaPlacement>>,
+    replication_factor: usize,
+    /// The peer addresses this node was configured with: they win over the
+    /// membership group's for the members they name (a node may reach a
+    /// peer through its own route).
+    configured_addresses: BTreeMap<NodeId, String>,
     tuning: RaftTuning,
     view: OnceLock<tokio::sync::watch::Receiver<Arc<View>>>,
     /// Shards that refuse to grant votes until the instant given (or until
@@ -106,11 +132,15 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Opens the raft group of every shard this node holds. The groups do
-    /// not elect until [`Shards::bootstrap`] has run (or a peer's leader
-    /// reaches them), so the node can serve its peers first.
+    /// Opens the raft group of every shard and the membership group. The
+    /// groups do not elect until [`Shards::bootstrap`] has run (or a peer's
+    /// leader reaches them), so the node can serve its peers first.
+    /// `founding_members` are the members of the cluster's first start;
+    /// `peers` holds the members as this node was configured or told when
+    /// joining, until the membership group says otherwise.
     pub async fn open(
         peers: Arc<Peers>,
+        founding_members: &[NodeId],
         database: &Database,
         shard_count: u32,
         replication_factor: usize,
@@ -119,8 +149,13 @@ impl Shards {
     ) -> Result<Self, ShardsError> {
         database.claim_shard_count(shard_count)?;
         let node_id = peers.node_id();
-        let replicas = ReplicaPlacement::new(shard_count, &peers.node_ids(), replication_factor);
-        database.claim_placement(replicas.description())?;
+        let founding = ReplicaPlacement::new(shard_count, founding_members, replication_factor);
+        database.claim_placement(founding.description())?;
+        let configured_addresses: BTreeMap<NodeId, String> = peers
+            .node_ids()
+            .into_iter()
+            .filter_map(|node| Some((node, peers.address(node)?)))
+            .collect();
         let config =
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
         let lost_tail = database.log_cut_at_open() > 0;
@@ -152,7 +187,7 @@ impl Shards {
             }
         };
         let mut groups = BTreeMap::new();
-        for shard in (0..shard_count).filter(|&shard| replicas.holds(node_id, shard)) {
+        for shard in 0..shard_count {
             groups.insert(shard, open_group(shard).await?);
         }
         groups.insert(MEMBERSHIP_GROUP, open_group(MEMBERSHIP_GROUP).await?);
@@ -176,7 +211,7 @@ impl Shards {
             }
         }
         let opened = Instant::now();
-        Ok(Self {
+        let shards = Self {
             leader_contact: groups
                 .keys()
                 .map(|&shard| (shard, Arc::new(LeaderContact::new(opened))))
@@ -187,10 +222,15 @@ impl Shards {
             peers,
             groups,
             placement: ShardPlacement::new(shard_count),
-            replicas,
+            replicas: RwLock::new(Arc::new(founding.clone())),
+            founding,
+            replication_factor,
+            configured_addresses,
             tuning: tuning.clone(),
             view: OnceLock::new(),
-        })
+        };
+        shards.follow_members()?;
+        Ok(shards)
     }
 
     /// This node's id.
@@ -205,26 +245,77 @@ impl Shards {
 
     /// The shard's group on this node, if this node holds a replica of it.
     pub fn group(&self, shard: ShardId) -> Option<&ShardGroup> {
+        self.opened_group(shard)
+            .filter(|group| self.holds_replica(group))
+    }
+
+    /// The shards this node holds, in id order.
+    pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+        self.opened_groups()
+            .filter(|group| self.holds_replica(group))
+    }
+
+    /// The group of `shard` on this node, whether or not it holds a
+    /// replica of it: what the node wires its proposer, dispatcher and
+    /// leadership watcher to, as a replica may move here later.
+    pub fn opened_group(&self, shard: ShardId) -> Option<&ShardGroup> {
         self.groups
             .get(&shard)
             .filter(|_| shard != MEMBERSHIP_GROUP)
     }
 
-    /// The shards this node holds, in id order.
-    pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+    /// The group of every shard, in id order.
+    pub fn opened_groups(&self) -> impl Iterator<Item = &ShardGroup> {
         self.groups
             .range(..MEMBERSHIP_GROUP)
             .map(|(_, group)| group)
     }
 
+    /// Whether this node holds a replica of `shard` now: its group's
+    /// membership, as this replica knows it, names this node as a voter,
+    /// or as a learner the placement puts there (one catching up). A
+    /// learner the placement does not name is a replica moved away, about
+    /// to be dropped.
+    pub fn holds(&self, shard: ShardId) -> bool {
+        self.opened_group(shard)
+            .is_some_and(|group| self.holds_replica(group))
+    }
+
+    /// Whether `node` votes in `shard` as this node's replica knows it (a
+    /// replica moving to a node is a learner first).
+    pub fn votes_in(&self, shard: ShardId, node: NodeId) -> bool {
+        self.opened_group(shard).is_some_and(|group| {
+            group
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|voter| voter == node)
+        })
+    }
+
+    fn holds_replica(&self, group: &ShardGroup) -> bool {
+        let node_id = self.node_id();
+        let metrics = group.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.voter_ids().any(|voter| voter == node_id) {
+            return true;
+        }
+        membership.learner_ids().any(|learner| learner == node_id)
+            && self.replicas().holds(node_id, group.id)
+    }
+
     /// The shards this node holds, then the membership group: every raft
     /// group here, for checks that compare replicas.
     pub fn groups_and_membership(&self) -> impl Iterator<Item = &ShardGroup> {
-        self.groups.values()
+        self.groups().chain(self.groups.get(&MEMBERSHIP_GROUP))
     }
 
-    /// The raft group a peer's raft call names: a shard's, or the
-    /// membership group's.
+    /// The raft group a peer's raft call names: a shard's (held here or
+    /// not, as a leader may be adding this node), or the membership group's.
     pub fn raft(&self, group: ShardId) -> Option<&Raft> {
         self.groups.get(&group).map(|group| &group.raft)
     }
@@ -234,9 +325,22 @@ impl Shards {
         &self.placement
     }
 
-    /// Shard -> replica set placement.
-    pub fn replicas(&self) -> &ReplicaPlacement {
-        &self.replicas
+    /// Shard -> replica set placement over the current members.
+    pub fn replicas(&self) -> Arc<ReplicaPlacement> {
+        self.replicas
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Shard -> replica set placement at the cluster's first start.
+    pub fn founding(&self) -> &ReplicaPlacement {
+        &self.founding
+    }
+
+    /// How many replicas each shard has (every member when fewer).
+    pub fn replication_factor(&self) -> usize {
+        self.replication_factor
     }
 
     /// The raft tuning every group runs with.
@@ -282,7 +386,7 @@ impl Shards {
                     .min_by_key(|(_, node)| (node.liveness != Liveness::Alive, node.age))
                     .map(|(&node, _)| node)
             })
-            .unwrap_or_else(|| self.replicas.preferred_leader(shard))
+            .unwrap_or_else(|| self.replicas().preferred_leader(shard))
     }
 
     /// Stops every raft group.

@@ -56,6 +56,12 @@ pub struct Config {
     /// Every member of the cluster, this node included, with its peer
     /// address (the one the other nodes dial). Empty: a one-node cluster.
     pub peers: Vec<PeerConfig>,
+    /// Members of a running cluster to ask, when this node joins it
+    /// (`floret cluster add-node` made it a member): the shard count, the
+    /// replication factor and the members come from them, not from
+    /// `shards`, `replication_factor` and `peers`. Ignored once this node's
+    /// data dir holds the cluster's member list.
+    pub join: Vec<PeerConfig>,
     /// Replicas of each shard (every node when the cluster is smaller).
     pub replication_factor: usize,
     /// The operations HTTP port: Prometheus metrics at `/metrics` and the
@@ -92,6 +98,8 @@ pub struct Config {
     pub producers: ProducersConfig,
     /// Stopping.
     pub shutdown: ShutdownConfig,
+    /// Following changes of members.
+    pub membership: MembershipConfig,
 }
 
 /// Shards of a cluster whose configuration names none: two per node of a
@@ -112,6 +120,7 @@ impl Default for Config {
             data_dir: PathBuf::from("floret-data"),
             shards: DEFAULT_SHARDS,
             peers: Vec::new(),
+            join: Vec::new(),
             replication_factor: 3,
             metrics_listen: None,
             metrics_top_producers: 10,
@@ -128,6 +137,7 @@ impl Default for Config {
             backpressure: BackpressureConfig::default(),
             producers: ProducersConfig::default(),
             shutdown: ShutdownConfig::default(),
+            membership: MembershipConfig::default(),
         }
     }
 }
@@ -294,6 +304,13 @@ impl Config {
             self.peers = parse_peers(&peers).map_err(|message| ConfigError::Env {
                 name: "FLORET_PEERS",
                 value: peers.clone(),
+                message,
+            })?;
+        }
+        if let Some(join) = env("FLORET_JOIN") {
+            self.join = parse_peers(&join).map_err(|message| ConfigError::Env {
+                name: "FLORET_JOIN",
+                value: join.clone(),
                 message,
             })?;
         }

@@ -196,6 +196,21 @@ impl Default for ProducersConfig {
     }
 }
 
+/// How the shards follow a change of members.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MembershipConfig {
+    /// Shards a leader moves at once after a change of members (each
+    /// copies its state to a new replica).
+    pub moves_at_once: usize,
+}
+
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        Self { moves_at_once: 2 }
+    }
+}
+
 /// How a node stops (SIGTERM, or the end of `serve_until`'s future).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]

@@ -39,6 +39,27 @@ impl Config {
                 return Err(format!("peer {} has no address", peer.id));
             }
         }
+        if self.membership.moves_at_once == 0 {
+            return Err("membership.moves_at_once must be > 0".into());
+        }
+        if !self.join.is_empty() {
+            if !self.peers.is_empty() {
+                return Err("give peers for a cluster's first start, or join to join a running one, not both".into());
+            }
+            if self.peer_listen.is_none() {
+                return Err("a node that joins needs peer_listen (--peer-listen): the port the members dial, at the address given to `floret cluster add-node`".into());
+            }
+            if let Some(member) = self
+                .join
+                .iter()
+                .find(|member| member.id == self.node_id || member.address.is_empty())
+            {
+                return Err(format!(
+                    "join lists the members to ask (id=host:port), not this node: {}={:?}",
+                    member.id, member.address
+                ));
+            }
+        }
         if self.listen.port() != 0 && self.peer_port_takes_the_client_port() {
             return Err(format!(
                 "the peer port ({}) must differ from the client port (listen): only the other nodes may reach it",
@@ -101,7 +122,8 @@ impl Config {
         if tls.ca.is_some() && tls.cert.is_none() {
             return Err("tls.ca (--tls-ca, FLORET_TLS_CA) needs tls.cert and tls.key, this node's own member certificate: give them, or unset FLORET_TLS_CA to serve plaintext on loopback".into());
         }
-        let has_peer_port = self.peer_listen.is_some() || !self.peers.is_empty();
+        let has_peer_port =
+            self.peer_listen.is_some() || !self.peers.is_empty() || !self.join.is_empty();
         if tls.enabled() && has_peer_port && tls.ca.is_none() {
             return Err("a node with a peer port and TLS needs tls.ca, the CA of its members' certificates: without it the peer port could not tell members from anyone else".into());
         }
@@ -117,7 +139,7 @@ impl Config {
         if self.insecure {
             return Ok(());
         }
-        let gossips = !self.peers.is_empty();
+        let gossips = !self.peers.is_empty() || !self.join.is_empty();
         let gossip_ip = self
             .gossip
             .listen

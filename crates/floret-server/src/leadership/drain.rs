@@ -57,7 +57,7 @@ pub async fn hand_off_leaderships(
         deadline,
         futures::future::join_all(
             led.iter()
-                .map(|&shard| hand_off(shards, hand_back, shard, deadline)),
+                .map(|&shard| hand_off_to_most_caught_up(shards, hand_back, shard, deadline)),
         ),
     )
     .await;
@@ -75,15 +75,31 @@ pub async fn hand_off_leaderships(
 }
 
 /// Hands `shard` to its most caught-up replica, before `deadline`.
-async fn hand_off(shards: &Shards, hand_back: &HandBack, shard: ShardId, deadline: Instant) {
-    let Some(successor) = hand_back.most_caught_up_replica(shard) else {
-        return;
-    };
+async fn hand_off_to_most_caught_up(
+    shards: &Shards,
+    hand_back: &HandBack,
+    shard: ShardId,
+    deadline: Instant,
+) {
+    if let Some(successor) = hand_back.most_caught_up_replica(shard) {
+        hand_off(shards, hand_back, shard, successor, deadline).await;
+    }
+}
+
+/// Hands `shard` to `successor`, before `deadline` (a leader leaving the
+/// shard's replicas does this too, `moves.rs`).
+pub(super) async fn hand_off(
+    shards: &Shards,
+    hand_back: &HandBack,
+    shard: ShardId,
+    successor: NodeId,
+    deadline: Instant,
+) {
     let stepped_aside =
         match tokio::time::timeout_at(deadline, hand_back.step_aside(shard, successor)).await {
             Ok(Ok(stepped_aside)) => stepped_aside,
             Ok(Err(why)) => {
-                tracing::warn!(shard, successor, %why, "cannot hand the shard off before stopping");
+                tracing::warn!(shard, successor, %why, "cannot hand the shard off");
                 return;
             }
             Err(_) => return,
@@ -91,7 +107,7 @@ async fn hand_off(shards: &Shards, hand_back: &HandBack, shard: ShardId, deadlin
     let took_over = tell_to_take_over(shards, shard, successor, stepped_aside).await;
     match took_over {
         Ok(leader) if leader == successor => {
-            tracing::info!(shard, to = successor, "shard handed off before stopping");
+            tracing::info!(shard, to = successor, "shard handed off");
         }
         Ok(leader) => {
             tracing::info!(

@@ -72,7 +72,34 @@ impl HandBack {
                 "node {requester} is not the preferred replica of shard {shard}"
             ));
         }
+        if self.moving(shard) {
+            return Err(format!(
+                "shard {shard} is moving to its new replicas: its leadership goes back once it has"
+            ));
+        }
+        if !self.shards.votes_in(shard, requester) {
+            return Err(format!(
+                "node {requester} does not vote in shard {shard} yet (a replica moving to it)"
+            ));
+        }
         self.step_aside(shard, requester).await
+    }
+
+    /// Whether `shard`'s replicas, as this node's replica knows them, are
+    /// not yet where the placement over the current members puts them.
+    fn moving(&self, shard: ShardId) -> bool {
+        let Some(group) = self.shards.group(shard) else {
+            return false;
+        };
+        let placement = self.shards.replicas();
+        let metrics = group.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let mut replicas: Vec<NodeId> = membership.nodes().map(|(&node, _)| node).collect();
+        replicas.sort_unstable();
+        let mut placed = placement.replicas(shard).to_vec();
+        placed.sort_unstable();
+        replicas != placed || membership.learner_ids().next().is_some()
     }
 
     /// The replica of `shard` (not this node) holding the most of this

@@ -9,11 +9,17 @@
 //!   preferred replica of to hand them back.
 //! - `drain.rs`: a node about to stop hands every shard it leads to a
 //!   caught-up replica (the same stepping aside, pushed instead of asked).
+//! - `moves.rs`: the leader of a shard whose replicas the current members
+//!   place elsewhere moves it there, step by step.
+//! - `leavers.rs`: the membership group's leader lets a removed member go
+//!   once no shard holds a replica on it.
 //!
 //! Raft itself (elections, terms, votes) is openraft's, in floret-cluster;
 //! the vote guard of a node that may have forgotten a vote is there too.
 
 pub mod drain;
 pub mod hand_back;
+pub mod leavers;
+pub mod moves;
 pub mod rebalance;
 pub mod watch;

@@ -45,7 +45,10 @@ pub fn spawn(shards: Arc<Shards>) -> JoinHandle<()> {
         loop {
             let misplaced: Vec<(ShardId, NodeId)> = shards
                 .groups()
-                .filter(|group| shards.replicas().preferred_leader(group.id) == node_id)
+                .filter(|group| {
+                    shards.replicas().preferred_leader(group.id) == node_id
+                        && shards.votes_in(group.id, node_id)
+                })
                 .filter_map(|group| {
                     let leader = group.raft.metrics().borrow().current_leader?;
                     let leader_alive = shards

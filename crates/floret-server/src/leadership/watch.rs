@@ -17,8 +17,8 @@ pub fn watch_leadership(
 ) -> JoinHandle<()> {
     let node_id = shards.node_id();
     let raft = shards
-        .group(shard)
-        .expect("leadership is watched for held shards")
+        .opened_group(shard)
+        .expect("leadership is watched for the cluster's shards")
         .raft
         .clone();
     let mut metrics = raft.metrics();

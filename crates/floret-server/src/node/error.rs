@@ -56,6 +56,9 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// The cluster to join did not take this node.
+    #[error("cannot join the cluster: {0}")]
+    Join(String),
     /// Some shard elected no leader in time.
     #[error("shard {shard} has no leader after {waited:?}")]
     NotReady {

@@ -41,7 +41,7 @@ use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
 use crate::leadership::watch::watch_leadership;
-use crate::leadership::{drain, rebalance};
+use crate::leadership::{drain, leavers, moves, rebalance};
 use crate::load_view::LoadView;
 use crate::produce::proposer::{Proposers, ShardProposer};
 use crate::produce::tenant_limits::TenantLimits;
@@ -53,6 +53,7 @@ use crate::telemetry::sampler::{self, SampledParts};
 use crate::tls::NodeTls;
 
 mod error;
+mod join;
 mod parts;
 
 pub use error::NodeError;
@@ -95,9 +96,9 @@ pub struct Node {
 impl Node {
     /// Starts a node serving on `listeners` ([`crate::bind_listeners`]).
     /// Health answers NOT_SERVING until [`Node::wait_ready`] has seen every shard led.
-    pub async fn start(config: Config, mut listeners: Listeners) -> Result<Self, NodeError> {
+    pub async fn start(mut config: Config, mut listeners: Listeners) -> Result<Self, NodeError> {
         config.validate()?;
-        if !config.peers.is_empty() && listeners.peer.is_none() {
+        if (!config.peers.is_empty() || !config.join.is_empty()) && listeners.peer.is_none() {
             return Err(crate::config::ConfigError::Invalid(
                 "a node of a cluster needs a peer listener (see bind_listeners)".into(),
             )
@@ -122,17 +123,26 @@ impl Node {
                 log_segment_bytes: config.storage.log_segment_bytes,
             },
         )?;
-        let members = config.members(address);
-        let member_ids: Vec<u64> = members.keys().copied().collect();
+        let mut members = config.members(address);
         let tls = NodeTls::load(
             &config.tls,
             config.auth.client_ca.as_deref(),
             config.node_id,
-            &member_ids,
+            &members.keys().copied().collect::<Vec<_>>(),
         )?;
         let gossip_secret =
             crate::load_view::gossip_secret(&config.gossip).map_err(NodeError::GossipSecret)?;
         let member_tls = tls.as_ref().and_then(NodeTls::member);
+        let mut founding_members: Vec<u64> = members.keys().copied().collect();
+        if !config.join.is_empty() {
+            let joined =
+                join::ask_to_join(config.node_id, &config.join, member_tls.as_ref()).await?;
+            tracing::info!(shards = joined.shard_count, replication_factor = joined.replication_factor, members = ?joined.members.keys().collect::<Vec<_>>(), "joining the cluster");
+            config.shards = joined.shard_count;
+            config.replication_factor = joined.replication_factor;
+            founding_members = joined.founding_members;
+            members = joined.members;
+        }
         let peers = Arc::new(Peers::new(config.node_id, members, member_tls.as_ref())?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
@@ -140,6 +150,7 @@ impl Node {
         let shards = Arc::new(
             Shards::open(
                 peers.clone(),
+                &founding_members,
                 &database,
                 config.shards,
                 config.replication_factor,
@@ -152,7 +163,7 @@ impl Node {
         deliver::spawn(
             (dispatcher.clone(), dispatcher_inbox),
             (0..config.shards)
-                .map(|shard| shards.group(shard).map(|group| group.reader.clone()))
+                .map(|shard| shards.opened_group(shard).map(|group| group.reader.clone()))
                 .collect(),
             proposers.clone(),
             SchedulerConfig {
@@ -167,9 +178,10 @@ impl Node {
             config.limits.max_credits,
         );
         let mut watchers: Vec<JoinHandle<()>> = shards
-            .groups()
+            .opened_groups()
             .map(|group| watch_leadership(&shards, group.id, dispatcher.clone()))
             .collect();
+        watchers.push(shards.spawn_member_follower());
         let tenant_limits = Arc::new(TenantLimits::new(shards.clone()));
         let load_view = LoadView::start(
             &config,
@@ -218,6 +230,7 @@ impl Node {
             weights: sink_weights,
         };
         let services = parts.services(stopped.clone(), authenticate.clone());
+        watchers.push(leavers::spawn(shards.clone(), services.admin.clone()));
         let mut telemetry = Vec::new();
         if let Some(listener) = operations {
             let metrics = crate::telemetry::recorder().map_err(NodeError::Metrics)?;
@@ -239,6 +252,11 @@ impl Node {
         let server = Server::start(services, listeners, tls.as_ref(), stopped).await?;
         watchers.extend(background_tasks(&shards, proposers, &config));
         let rebalancer = has_peers(&shards).then(|| rebalance::spawn(shards.clone()));
+        watchers.push(moves::spawn(
+            shards.clone(),
+            hand_back.clone(),
+            config.membership.moves_at_once,
+        ));
         let (ready, is_ready) = watch::channel(false);
         let health_watcher = faults::spawn(
             database.log_health(),
@@ -363,11 +381,11 @@ fn has_peers(shards: &Shards) -> bool {
     shards.peers().others().next().is_some()
 }
 
-/// Starts the proposer of every shard this node holds.
+/// Starts the proposer of every shard (it proposes only where this node leads).
 fn spawn_proposers(shards: &Shards, config: &Config) -> Proposers {
     Proposers::new(
         shards
-            .groups()
+            .opened_groups()
             .map(|group| {
                 let proposer =
                     ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone());

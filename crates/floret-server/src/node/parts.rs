@@ -107,7 +107,7 @@ impl NodeParts<'_> {
                 stopped,
             ),
             max_request_bytes: config.limits.max_request_bytes,
-            members: shards.peers().node_ids(),
+            members: shards.peers().clone(),
             max_client_connections: config.limits.max_connections,
             authenticate,
         }

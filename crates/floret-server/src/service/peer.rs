@@ -255,7 +255,7 @@ impl Peer for PeerService {
             .map_err(|e| Status::from(RequestError::unavailable(e.to_string())))?;
         Ok(Response::new(v1::ShardStatesResponse {
             initialized,
-            placement: self.shards.replicas().description().to_owned(),
+            placement: self.shards.founding().description().to_owned(),
         }))
     }
 
@@ -440,5 +440,38 @@ impl Peer for PeerService {
     ) -> Result<Response<floret_proto::peer::v1::SinkWeightResponse>, Status> {
         let demand = self.this_node.sink_weights.demand(&request.get_ref().queue);
         Ok(Response::new(demand.to_wire()))
+    }
+
+    async fn describe_cluster(
+        &self,
+        _request: Request<floret_proto::peer::v1::DescribeClusterRequest>,
+    ) -> Result<Response<floret_proto::peer::v1::DescribeClusterResponse>, Status> {
+        let view = self.shards.members_view();
+        if view.epoch.is_none() {
+            return Err(Status::unavailable(
+                "this node's cluster is not founded yet: join once its members have started",
+            ));
+        }
+        Ok(Response::new(
+            floret_proto::peer::v1::DescribeClusterResponse {
+                shard_count: self.shards.placement().shard_count(),
+                replication_factor: self.shards.replication_factor() as u32,
+                founding_members: self.shards.founding().members().to_vec(),
+                membership: Some(crate::service::admin::membership(view)),
+            },
+        ))
+    }
+
+    async fn change_members(
+        &self,
+        request: Request<floret_proto::peer::v1::ChangeMembersRequest>,
+    ) -> Result<Response<floret_proto::v1::MembershipChangeResponse>, Status> {
+        let change = crate::service::admin::member_change(request.into_inner())?;
+        self.this_node
+            .admin
+            .change_members_here(change)
+            .await
+            .map(Response::new)
+            .map_err(crate::service::admin::change_status)
     }
 }

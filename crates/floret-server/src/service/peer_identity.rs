@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use floret_cluster::{member_name, member_named_by};
+use floret_cluster::{Peers, member_name, member_named_by};
 use floret_store::NodeId;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
@@ -21,18 +21,19 @@ use tonic::{Request, Status};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerIdentity(pub NodeId);
 
-/// Identifies every caller as one of `members` by its certificate
-/// (`mutual_tls`), refusing with PERMISSION_DENIED one whose certificate
-/// names no member; without TLS lets every call through unidentified.
+/// Identifies every caller as one of the members `peers` holds at the
+/// time of the call, by its certificate (`mutual_tls`), refusing with
+/// PERMISSION_DENIED one whose certificate names no member; without TLS
+/// lets every call through unidentified.
 pub fn identify_members(
-    members: Vec<NodeId>,
+    peers: Arc<Peers>,
     mutual_tls: bool,
 ) -> impl Interceptor + Clone + Send + Sync + 'static {
-    let members: Arc<[NodeId]> = members.into();
     move |mut request: Request<()>| {
         if !mutual_tls {
             return Ok(request);
         }
+        let members = peers.node_ids();
         let named = request
             .peer_certs()
             .and_then(|chain| chain.first().map(|leaf| member_named_by(leaf, &members)));

@@ -57,8 +57,9 @@ pub struct Services {
     pub peer: PeerService,
     /// Largest request a client may send.
     pub max_request_bytes: usize,
-    /// Every member's id, for identifying callers on the peer port.
-    pub members: Vec<floret_store::NodeId>,
+    /// The members as they are at each call, for identifying callers on
+    /// the peer port.
+    pub members: Arc<floret_cluster::Peers>,
     /// Connections open at once on the client port.
     pub max_client_connections: usize,
     /// Names the tenant of every Floret and Admin call.

@@ -19,7 +19,7 @@ fn resident_bytes() -> Option<u64> {
 }
 
 /// The member list in its wire form.
-fn membership(view: MembersView) -> v1::Membership {
+pub(crate) fn membership(view: MembersView) -> v1::Membership {
     v1::Membership {
         epoch: view.epoch,
         leader_id: view.leader.unwrap_or(0),
@@ -30,6 +30,7 @@ fn membership(view: MembersView) -> v1::Membership {
                 node_id: member.id,
                 peer_address: member.peer_address,
                 voter: member.voter,
+                leaving: member.leaving,
             })
             .collect(),
     }
@@ -64,6 +65,11 @@ impl AdminService {
                     applied_index: metrics.last_applied.map(|id| id.index).unwrap_or(0),
                     last_log_index: metrics.last_log_index.unwrap_or(0),
                     voters: metrics.membership_config.membership().voter_ids().collect(),
+                    learners: metrics
+                        .membership_config
+                        .membership()
+                        .learner_ids()
+                        .collect(),
                     preferred_leader_id: replicas.preferred_leader(group.id),
                     replicas: Vec::new(),
                 }
@@ -138,7 +144,9 @@ impl AdminService {
     }
 
     /// Each shard as its leader reports it (else the replica with the
-    /// highest term), with every replica's applied index and lag.
+    /// highest term), with the applied index and lag of every replica that
+    /// report names (its voters and learners; the placement's replicas when
+    /// no node reported the shard).
     fn merge_shards(
         &self,
         views: &BTreeMap<u64, Result<v1::ClusterStatusResponse, String>>,
@@ -151,17 +159,20 @@ impl AdminService {
         let placement = self.shards.replicas();
         (0..self.shards.placement().shard_count())
             .map(|shard| {
-                let replicas = placement.replicas(shard);
-                let best = replicas
-                    .iter()
-                    .filter_map(|&node| reports.get(&(shard, node)).map(|s| (node, *s)))
+                let best = reports
+                    .range((shard, 0)..=(shard, u64::MAX))
+                    .map(|(&(_, node), s)| (node, *s))
                     .max_by_key(|(node, s)| (s.leader_id == *node, s.term, s.last_log_index))
-                    .map(|(_, s)| s.clone())
-                    .unwrap_or_else(|| v1::ShardStatus {
-                        shard_id: shard,
-                        preferred_leader_id: placement.preferred_leader(shard),
-                        ..Default::default()
-                    });
+                    .map(|(_, s)| s.clone());
+                let replicas: Vec<u64> = match &best {
+                    Some(best) => best.voters.iter().chain(&best.learners).copied().collect(),
+                    None => placement.replicas(shard).to_vec(),
+                };
+                let best = best.unwrap_or_else(|| v1::ShardStatus {
+                    shard_id: shard,
+                    preferred_leader_id: placement.preferred_leader(shard),
+                    ..Default::default()
+                });
                 let replica_statuses = replicas
                     .iter()
                     .map(|&node| match reports.get(&(shard, node)) {

@@ -1,6 +1,7 @@
 //! The `floret.v1.Admin` service: cluster status (`cluster_status.rs`),
 //! queue statistics (`queue_stats.rs`), replica digests, policies and
-//! dead letters (`policies.rs`), and sinks (`sinks.rs`).
+//! dead letters (`policies.rs`), sinks (`sinks.rs`), and changes of
+//! members (`members.rs`).
 //!
 //! Queue statistics combine the durable per-producer counters of every shard
 //! (read from the state machines, off the async runtime) with the
@@ -39,11 +40,14 @@ use crate::request;
 use crate::router::ShardRouter;
 
 mod cluster_status;
+mod members;
 mod own;
 mod policies;
 mod queue_stats;
 mod sinks;
 
+pub(crate) use cluster_status::membership;
+pub(crate) use members::{change_status, member_change};
 use queue_stats::merge_queue_stats;
 
 /// Serves inspection of one node.
@@ -93,15 +97,7 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
         admin_only(&request, "ClusterStatus")?;
-        let local = self.local_view();
-        let mut views = self
-            .ask_peers(|mut client| async move {
-                client
-                    .node_status(floret_proto::peer::v1::NodeStatusRequest {})
-                    .await
-            })
-            .await;
-        views.insert(self.shards.node_id(), Ok(local));
+        let views = self.node_views().await;
         Ok(Response::new(self.merge(views)))
     }
 
@@ -244,6 +240,42 @@ impl v1::admin_server::Admin for AdminService {
         audit_admin_action(&caller, "RemoveSink", &format!("queue {:?}", request.queue));
         self.remove_sink_in_shards(request).await
     }
+
+    async fn add_node(
+        &self,
+        request: Request<v1::AddNodeRequest>,
+    ) -> Result<Response<v1::MembershipChangeResponse>, Status> {
+        let caller = admin_only(&request, "AddNode")?;
+        let request = request.into_inner();
+        audit_admin_action(
+            &caller,
+            "AddNode",
+            &format!("node {} at {:?}", request.node_id, request.peer_address),
+        );
+        let change = floret_proto::peer::v1::ChangeMembersRequest {
+            change: Some(floret_proto::peer::v1::change_members_request::Change::Add(
+                request,
+            )),
+        };
+        self.change_members_on_leader(change)
+            .await
+            .map(Response::new)
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::MembershipChangeResponse>, Status> {
+        let caller = admin_only(&request, "RemoveNode")?;
+        let request = request.into_inner();
+        audit_admin_action(&caller, "RemoveNode", &format!("node {}", request.node_id));
+        let change = floret_proto::peer::v1::ChangeMembersRequest {
+            change: Some(floret_proto::peer::v1::change_members_request::Change::Remove(request)),
+        };
+        self.change_members_on_leader(change)
+            .await
+            .map(Response::new)
+    }
 }
 
 impl AdminService {
@@ -308,6 +340,22 @@ fn replica_digests(shards: &Shards) -> Result<Vec<v1::ReplicaDigest>, Status> {
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl AdminService {
+    /// Every node's own view (this node's and what each peer answers), or
+    /// why a peer gave none.
+    pub(crate) async fn node_views(
+        &self,
+    ) -> BTreeMap<NodeId, Result<v1::ClusterStatusResponse, String>> {
+        let mut views = self
+            .ask_peers(|mut client| async move {
+                client
+                    .node_status(floret_proto::peer::v1::NodeStatusRequest {})
+                    .await
+            })
+            .await;
+        views.insert(self.shards.node_id(), Ok(self.local_view()));
+        views
+    }
+
     /// Asks every other node's peer port with `call` (their own view),
     /// each within [`PEER_STATUS_TIMEOUT`]: per node, the answer or why
     /// there is none.

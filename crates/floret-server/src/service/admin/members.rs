@@ -1,0 +1,104 @@
+//! Adding and removing members for an administrator (`Admin.AddNode`,
+//! `Admin.RemoveNode`): the change is made on the membership group's
+//! leader, this node or the one it forwards to over the peer port
+//! (`Peer.ChangeMembers`), and answered with the members after it.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - A one-node cluster (started without peers) has no peer port and
+//!   takes no members.
+
+use std::time::Duration;
+
+use floret_cluster::{MemberChange, MemberChangeError};
+use floret_proto::peer::v1::ChangeMembersRequest;
+use floret_proto::peer::v1::change_members_request::Change;
+use floret_proto::v1;
+use tonic::Status;
+
+use super::AdminService;
+use super::membership;
+
+/// How long a change waits for the membership group to have a leader.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads a forwarded or local request as the change it asks for.
+pub(crate) fn member_change(request: ChangeMembersRequest) -> Result<MemberChange, Status> {
+    match request.change {
+        Some(Change::Add(add)) => Ok(MemberChange::Add {
+            node: add.node_id,
+            peer_address: add.peer_address,
+        }),
+        Some(Change::Remove(remove)) => Ok(MemberChange::Remove {
+            node: remove.node_id,
+        }),
+        None => Err(Status::invalid_argument("the request names no change")),
+    }
+}
+
+impl AdminService {
+    /// Makes `request`'s change on the membership group's leader.
+    pub(super) async fn change_members_on_leader(
+        &self,
+        request: ChangeMembersRequest,
+    ) -> Result<v1::MembershipChangeResponse, Status> {
+        if self.shards.peers().others().next().is_none()
+            && self.shards.founding().members().len() == 1
+        {
+            return Err(Status::failed_precondition(
+                "a one-node cluster (started without --peers) takes no members: start a cluster with --peers to grow it",
+            ));
+        }
+        let change = member_change(request.clone())?;
+        self.wait_for_membership_leader().await;
+        match self.change_members_here(change).await {
+            Err(MemberChangeError::NotLeader {
+                leader: Some(leader),
+                ..
+            }) => {
+                let Some(mut client) = self.shards.peers().peer_client(leader) else {
+                    return Err(Status::unavailable(format!(
+                        "the membership group's leader, node {leader}, is not a peer of this node"
+                    )));
+                };
+                client
+                    .change_members(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+            answer => answer.map_err(change_status),
+        }
+    }
+
+    /// Waits, up to [`LEADER_WAIT`], until this node knows the membership
+    /// group's leader (just after a start or a failover it may not yet).
+    async fn wait_for_membership_leader(&self) {
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        while self.shards.members_view().leader.is_none() && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Makes `change` if this node leads the membership group.
+    pub(crate) async fn change_members_here(
+        &self,
+        change: MemberChange,
+    ) -> Result<v1::MembershipChangeResponse, MemberChangeError> {
+        let members = self.shards.change_members(change).await?;
+        Ok(v1::MembershipChangeResponse {
+            membership: Some(membership(members)),
+        })
+    }
+}
+
+/// The status a failed change of members is answered with.
+pub(crate) fn change_status(error: MemberChangeError) -> Status {
+    let message = error.to_string();
+    match error {
+        MemberChangeError::NotLeader { .. } | MemberChangeError::Raft(_) => {
+            Status::unavailable(message)
+        }
+        MemberChangeError::Refused(_) => Status::failed_precondition(message),
+        MemberChangeError::Invalid(_) => Status::invalid_argument(message),
+    }
+}

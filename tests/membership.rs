@@ -1,0 +1,162 @@
+//! Changing members while the cluster serves: a node added to a running
+//! three-node cluster takes the replicas the ring gives it, a member killed
+//! and then removed gives its replicas to the others, and every message
+//! acknowledged through the changes is still delivered after.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use floret_client::Client;
+
+use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+use super::{SHARDS, drain_through, produce_into, wait_for_acknowledged};
+
+const PRODUCERS: u64 = 6;
+/// The longest every shard may take to reach its new replicas.
+const MOVE_DEADLINE: Duration = Duration::from_secs(90);
+
+/// Each shard's voters as the cluster status through `client` reports
+/// them, once every shard has a leader and no learner.
+async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
+    let status = client.cluster_status().await.ok()?;
+    status
+        .shards
+        .iter()
+        .map(|shard| {
+            let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
+            let replicas: BTreeSet<u64> = shard.replicas.iter().map(|r| r.node_id).collect();
+            (shard.leader_id != 0 && replicas == voters).then_some(voters)
+        })
+        .collect()
+}
+
+/// Waits until every shard has three voters, all of them in `members`,
+/// and the members together hold every shard `members` should.
+async fn wait_for_replicas_on(client: &Client, members: &[u64], what: &str) {
+    let members: BTreeSet<u64> = members.iter().copied().collect();
+    eventually(MOVE_DEADLINE, what, || {
+        let (client, members) = (client.clone(), members.clone());
+        async move {
+            let Some(voters) = settled_voters(&client).await else {
+                return false;
+            };
+            let held: BTreeSet<u64> = voters.iter().flatten().copied().collect();
+            voters.len() == SHARDS.parse::<usize>().unwrap()
+                && voters
+                    .iter()
+                    .all(|set| set.len() == 3 && set.is_subset(&members))
+                && held == members
+        }
+    })
+    .await;
+}
+
+async fn member_ids(client: &Client) -> Vec<u64> {
+    let status = client.cluster_status().await.expect("cluster status");
+    status
+        .membership
+        .expect("a membership")
+        .members
+        .iter()
+        .map(|member| member.node_id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_removed() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    cluster.wait_for_preferred_leaders(1).await;
+    let client = cluster.client_of(&cluster.addresses());
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|n| {
+            tokio::spawn(produce_into(
+                client.clone(),
+                format!("p{n}"),
+                u64::MAX,
+                5,
+                Duration::from_millis(20),
+                acknowledged.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    wait_for_acknowledged(&acknowledged, 200, "before the change").await;
+
+    let membership = cluster
+        .client(2)
+        .add_node(4, &cluster.next_peer_address())
+        .await
+        .expect("add node 4");
+    let members: Vec<u64> = membership.members.iter().map(|m| m.node_id).collect();
+    assert_eq!(members, [1, 2, 3, 4]);
+    let joined = tokio::task::block_in_place(|| cluster.join());
+    assert_eq!(joined, 4);
+    wait_for_replicas_on(
+        &cluster.client(1),
+        &[1, 2, 3, 4],
+        "every shard at three replicas over four nodes, node 4 among them",
+    )
+    .await;
+    assert_eq!(member_ids(&cluster.client(4)).await, [1, 2, 3, 4]);
+    let before_kill = acknowledged.lock().unwrap().len();
+    wait_for_acknowledged(&acknowledged, before_kill + 200, "after node 4 joined").await;
+
+    cluster.kill(2);
+    let membership = cluster
+        .client(3)
+        .remove_node(2)
+        .await
+        .expect("remove the dead node 2");
+    let leaving: Vec<(u64, bool)> = membership
+        .members
+        .iter()
+        .map(|m| (m.node_id, m.leaving))
+        .collect();
+    assert_eq!(leaving, [(1, false), (2, true), (3, false), (4, false)]);
+    wait_for_replicas_on(
+        &cluster.client(4),
+        &[1, 3, 4],
+        "every shard at three replicas over nodes 1, 3 and 4",
+    )
+    .await;
+    let client_4 = cluster.client(4);
+    eventually(MOVE_DEADLINE, "node 2 out of the membership group", || {
+        let client_4 = client_4.clone();
+        async move { member_ids(&client_4).await == [1, 3, 4] }
+    })
+    .await;
+    let before_stop = acknowledged.lock().unwrap().len();
+    wait_for_acknowledged(&acknowledged, before_stop + 200, "after node 2 left").await;
+
+    stop.store(true, Ordering::Relaxed);
+    for producer in producers {
+        producer.await.unwrap().expect("every produce acknowledged");
+    }
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    drain_through(cluster.client(4), &expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_member_below_the_replication_factor_is_refused() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    let refused = cluster
+        .client(1)
+        .remove_node(3)
+        .await
+        .expect_err("3 members and a replication factor of 3");
+    assert!(
+        refused
+            .to_string()
+            .contains("fewer than the replication factor"),
+        "{refused}"
+    );
+    assert_eq!(member_ids(&cluster.client(3)).await, [1, 2, 3]);
+}
