@@ -7,6 +7,8 @@
 #   deploy/local-cluster.sh stop       # SIGTERM every node this script started
 #   deploy/local-cluster.sh kill N     # SIGKILL node N
 #   deploy/local-cluster.sh restart N  # start node N again on its data dir
+#   deploy/local-cluster.sh add N      # make node N (> 3) a member and start it
+#   deploy/local-cluster.sh remove N   # remove node N; stop it once it has left
 #
 # Environment: FLORET (binary; default target/release/floret, built if
 # missing), FLORET_DEV_DIR (data dirs, logs and pid files; default
@@ -27,17 +29,54 @@ peers="1=127.0.0.1:${peer_port},2=127.0.0.1:$((peer_port + 1)),3=127.0.0.1:$((pe
 
 certs="$dir/certs"
 
+# Node N's client and peer addresses.
+address() { echo "127.0.0.1:$((base_port + $1 - 1))"; }
+peer_address() { echo "127.0.0.1:$((peer_port + $1 - 1))"; }
+
+# A running node other than node $1, for the floret commands.
+other_node() {
+    for pid_file in "$dir"/node-*.pid; do
+        other=$(basename "$pid_file" .pid)
+        other=${other#node-}
+        if [ "$other" != "$1" ]; then
+            address "$other"
+            return
+        fi
+    done
+    echo "no other node runs" >&2
+    exit 1
+}
+
 start_node() {
     id=$1
     port=$((base_port + id - 1))
+    if [ "$id" -le 3 ]; then
+        membership="--peers $peers"
+    else
+        membership="--join $peers --peer-listen $(peer_address "$id")"
+    fi
+    # shellcheck disable=SC2086 # $membership is two flags and their values
     "$floret" serve --node-id "$id" --listen "127.0.0.1:$port" \
         --metrics-listen "127.0.0.1:$((port + 2000))" \
-        --data-dir "$dir/node-$id" --peers "$peers" \
+        --data-dir "$dir/node-$id" $membership \
         --tls-cert "$certs/node-$id.pem" --tls-key "$certs/node-$id.key" \
         --tls-ca "$certs/ca.pem" --gossip-secret-file "$certs/gossip.key" \
         >"$dir/node-$id.out" 2>"$dir/node-$id.log" &
     echo $! >"$dir/node-$id.pid"
     echo "node $id: pid $!, 127.0.0.1:$port, console http://127.0.0.1:$((port + 2000))/, data $dir/node-$id, log $dir/node-$id.log"
+}
+
+# Waits (a minute at most) until node $1 says it serves.
+wait_serving() {
+    tries=0
+    until grep -q "serving on" "$dir/node-$1.out" 2>/dev/null; do
+        tries=$((tries + 1))
+        if [ "$tries" -gt 600 ]; then
+            echo "node $1 did not become ready; see $dir/node-$1.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
 }
 
 signal_node() {
@@ -59,23 +98,48 @@ start)
     fi
     for id in 1 2 3; do start_node "$id"; done
     echo "waiting for the nodes to elect shard leaders..."
-    for id in 1 2 3; do
-        tries=0
-        until grep -q "serving on" "$dir/node-$id.out" 2>/dev/null; do
-            tries=$((tries + 1))
-            if [ "$tries" -gt 600 ]; then
-                echo "node $id did not become ready; see $dir/node-$id.log" >&2
-                exit 1
-            fi
-            sleep 0.1
-        done
-    done
+    for id in 1 2 3; do wait_serving "$id"; done
     "$floret" status --addr "127.0.0.1:$base_port" --tls-ca "$certs/ca.pem"
     echo "the nodes serve TLS; let the floret commands trust them:"
     echo "  export FLORET_TLS_CA=$certs/ca.pem"
     ;;
 stop)
-    for id in 1 2 3; do signal_node TERM "$id"; done
+    for pid_file in "$dir"/node-*.pid; do
+        [ -f "$pid_file" ] || continue
+        id=$(basename "$pid_file" .pid)
+        signal_node TERM "${id#node-}"
+    done
+    ;;
+add)
+    id=${2:?node id}
+    if [ "$id" -le 3 ]; then
+        echo "nodes 1-3 found the cluster; add nodes 4 and up" >&2
+        exit 2
+    fi
+    "$floret" certs --out "$certs" --nodes "$id" >/dev/null
+    "$floret" --tls-ca "$certs/ca.pem" cluster add-node --id "$id" \
+        --peer-addr "$(peer_address "$id")" --addr "$(other_node "$id")"
+    start_node "$id"
+    wait_serving "$id"
+    echo "node $id joined; its shards move to it (floret status shows them)"
+    ;;
+remove)
+    id=${2:?node id}
+    asked=$(other_node "$id")
+    "$floret" --tls-ca "$certs/ca.pem" cluster remove-node "$id" --addr "$asked"
+    echo "waiting for node $id to leave (its shards move to the others)..."
+    tries=0
+    while "$floret" --tls-ca "$certs/ca.pem" status --addr "$asked" |
+        grep '^members at' | grep -q " $(peer_address "$id")"; do
+        tries=$((tries + 1))
+        if [ "$tries" -gt 300 ]; then
+            echo "node $id has not left after 5 minutes; see floret status" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+    signal_node TERM "$id"
+    echo "node $id left the cluster and was stopped"
     ;;
 kill)
     signal_node KILL "${2:?node id}"
@@ -85,7 +149,7 @@ restart)
     start_node "$2"
     ;;
 *)
-    echo "usage: $0 start | stop | kill N | restart N" >&2
+    echo "usage: $0 start | stop | kill N | restart N | add N | remove N" >&2
     exit 2
     ;;
 esac

@@ -188,6 +188,13 @@ async fn a_node_stopped_gracefully_loses_what_it_led() {
     passes(Schedule::RollingRestart, 1).await;
 }
 
+/// Nodes added and members removed under load, one of them killed while
+/// shards still move to the new node: nothing is lost, the replicas agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_message_lost_while_members_change() {
+    passes(Schedule::MembershipChange, 2).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_serves_wrong_data_from_a_damaged_log() {
     passes(Schedule::CorruptLog, 2).await;

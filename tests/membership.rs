@@ -18,7 +18,8 @@ const PRODUCERS: u64 = 6;
 const MOVE_DEADLINE: Duration = Duration::from_secs(90);
 
 /// Each shard's voters as the cluster status through `client` reports
-/// them, once every shard has a leader and no learner.
+/// them, once every shard has a leader, no learner, and its voters where
+/// the placement puts it.
 async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
     let status = client.cluster_status().await.ok()?;
     status
@@ -26,8 +27,9 @@ async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
         .iter()
         .map(|shard| {
             let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
+            let placed: BTreeSet<u64> = shard.placed.iter().copied().collect();
             let replicas: BTreeSet<u64> = shard.replicas.iter().map(|r| r.node_id).collect();
-            (shard.leader_id != 0 && replicas == voters).then_some(voters)
+            (shard.leader_id != 0 && replicas == voters && voters == placed).then_some(voters)
         })
         .collect()
 }
@@ -159,4 +161,49 @@ async fn removing_a_member_below_the_replication_factor_is_refused() {
         "{refused}"
     );
     assert_eq!(member_ids(&cluster.client(3)).await, [1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_a_tls_cluster_is_refused_by_the_peer_port() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start_tls(dir.path(), 3, &["--shards", SHARDS]);
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let never = Arc::new(AtomicBool::new(false));
+    produce_into(
+        cluster.client(1),
+        "before".into(),
+        10,
+        5,
+        Duration::ZERO,
+        acknowledged.clone(),
+        never.clone(),
+    )
+    .await
+    .expect("produce before the change");
+    cluster
+        .client(1)
+        .add_node(4, &cluster.next_peer_address())
+        .await
+        .expect("add node 4");
+    tokio::task::block_in_place(|| cluster.join());
+    wait_for_replicas_on(
+        &cluster.client(1),
+        &[1, 2, 3, 4],
+        "every shard at three replicas over four nodes over mutual TLS",
+    )
+    .await;
+    produce_into(
+        cluster.client(4),
+        "after".into(),
+        10,
+        5,
+        Duration::ZERO,
+        acknowledged.clone(),
+        never,
+    )
+    .await
+    .expect("produce through the new node");
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    drain_through(cluster.client(4), &expected).await;
 }

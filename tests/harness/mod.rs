@@ -268,14 +268,11 @@ impl Cluster {
     }
 
     /// Starts a new node (the next id) that joins the running cluster by
-    /// asking its founders (`--join`), on ports of its own, and waits until
-    /// it serves. Make it a member first (`Client::add_node` with
+    /// asking its founders (`--join`), on ports of its own (over TLS, with
+    /// a certificate `floret certs` adds with the cluster's CA), and waits
+    /// until it serves. Make it a member first (`Client::add_node` with
     /// [`Cluster::next_peer_address`]).
     pub fn join(&mut self) -> u64 {
-        assert!(
-            self.tls.is_none(),
-            "joining over TLS needs a certificate for the new node"
-        );
         let next_peer_address = self.next_peer_address();
         let port = floret_chaos::ports::free_loopback_ports(1).expect("a free loopback port")[0];
         let peer_port: u16 = next_peer_address
@@ -287,6 +284,11 @@ impl Cluster {
         self.nodes.push(None);
         let id = self.nodes.len() as u64;
         self.next_peer_port = None;
+        if let Some(certs) = &self.tls {
+            certs
+                .add_node(Path::new(floret_binary()), id)
+                .expect("floret certs for the new node");
+        }
         let node = self.spawn(id).wait_ready();
         self.nodes[id as usize - 1] = Some(node);
         id

@@ -57,22 +57,17 @@ impl ClusterCerts {
     /// Runs `floret certs` (the binary at `floret`) for nodes 1 to `nodes`,
     /// writing into `dir`.
     pub fn make(floret: &Path, dir: &Path, nodes: usize) -> Result<Self, String> {
-        let output = Command::new(floret)
-            .arg("certs")
-            .arg("--out")
-            .arg(dir)
-            .args(["--nodes", &nodes.to_string()])
-            .output()
-            .map_err(|error| format!("cannot run {} certs: {error}", floret.display()))?;
-        if !output.status.success() {
-            return Err(format!(
-                "floret certs failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ));
-        }
+        run_certs(floret, dir, &nodes.to_string())?;
         Ok(Self {
             dir: dir.to_path_buf(),
         })
+    }
+
+    /// Runs `floret certs` again for nodes up to `id`, which makes the
+    /// certificates missing from the folder (node `id`'s, for a node that
+    /// joins) with the CA already there.
+    pub fn add_node(&self, floret: &Path, id: u64) -> Result<(), String> {
+        run_certs(floret, &self.dir, &id.to_string())
     }
 
     /// A file `floret certs` wrote (`ca.pem`, `node-1.key`, `client.pem`...).
@@ -104,6 +99,25 @@ impl ClusterCerts {
     /// A client of the nodes at `address` over TLS.
     pub fn client(&self, address: &str) -> Result<Client, ClientError> {
         Client::connect_lazy_tls(address, &self.client_tls())
+    }
+}
+
+/// Runs `floret certs --out dir --nodes nodes`.
+fn run_certs(floret: &Path, dir: &Path, nodes: &str) -> Result<(), String> {
+    let output = Command::new(floret)
+        .arg("certs")
+        .arg("--out")
+        .arg(dir)
+        .args(["--nodes", nodes])
+        .output()
+        .map_err(|error| format!("cannot run {} certs: {error}", floret.display()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "floret certs failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
     }
 }
 

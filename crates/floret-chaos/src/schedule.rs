@@ -29,6 +29,9 @@ const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
 /// How long after gossip is cut every node must warn of it: the warning
 /// comes 10 s after the last member was heard, checked every 2 s.
 const GOSSIP_WARNING_DEADLINE: Duration = Duration::from_secs(25);
+/// How long the shards may take to settle on their replicas after a
+/// change of members.
+const MOVE_DEADLINE: Duration = Duration::from_secs(90);
 /// The shard whose leader the leader faults target.
 const TARGET_SHARD: u32 = 0;
 
@@ -77,11 +80,17 @@ pub enum Schedule {
     /// Every node stopped with SIGTERM (it hands the shards it leads to
     /// other replicas and drains) and started again, one after another.
     RollingRestart,
+    /// A new node added (`floret cluster add-node`, then started with
+    /// `--join`); then a member other than node 1 removed: on even rounds
+    /// once the shards settled, alive, and stopped after it left; on odd
+    /// rounds killed while the shards still move to the new node, and
+    /// removed dead.
+    MembershipChange,
 }
 
 impl Schedule {
     /// Every schedule.
-    pub const ALL: [Schedule; 13] = [
+    pub const ALL: [Schedule; 14] = [
         Schedule::KillLeader,
         Schedule::KillRandom,
         Schedule::PauseLeader,
@@ -95,6 +104,7 @@ impl Schedule {
         Schedule::PowerLoss,
         Schedule::CutGossip,
         Schedule::RollingRestart,
+        Schedule::MembershipChange,
     ];
 
     /// Its name on the command line and in reports.
@@ -113,6 +123,7 @@ impl Schedule {
             Schedule::PowerLoss => "power-loss",
             Schedule::CutGossip => "cut-gossip",
             Schedule::RollingRestart => "rolling-restart",
+            Schedule::MembershipChange => "membership-change",
         }
     }
 
@@ -264,6 +275,9 @@ impl Schedule {
                     .restart_all(&every_node, "power-loss-on-open=return")
                     .await?;
             }
+            Schedule::MembershipChange => {
+                observed.extend(change_members(round, cluster, &fault).await?);
+            }
             Schedule::CutGossip => {
                 fault("cut every node's gossip".into(), false);
                 cluster.set_gossip_cut(true)?;
@@ -298,6 +312,50 @@ impl Schedule {
         wait_for_leader(cluster).await?;
         Ok(observed)
     }
+}
+
+/// One round of [`Schedule::MembershipChange`]: adds the next new node,
+/// then removes the lowest member other than node 1 (which the workload's
+/// clients keep reaching), alive on even rounds, killed mid-move on odd.
+async fn change_members(
+    round: u32,
+    cluster: &mut Cluster,
+    fault: &impl Fn(String, bool),
+) -> anyhow::Result<Vec<String>> {
+    let mut observed = Vec::new();
+    let ids = cluster.ids();
+    let new_node = cluster.unused_id();
+    let victim = ids
+        .iter()
+        .copied()
+        .find(|&id| id != 1)
+        .context("no member to remove but node 1")?;
+    fault(format!("add node {new_node}"), false);
+    let began = tokio::time::Instant::now();
+    cluster.add_member(new_node).await?;
+    if round.is_multiple_of(2) {
+        cluster.wait_for_placement(MOVE_DEADLINE).await?;
+        observed.push(format!(
+            "node {new_node} joined; shards settled in {:.1} s",
+            began.elapsed().as_secs_f64()
+        ));
+        fault(format!("remove node {victim} (alive)"), true);
+    } else {
+        fault(
+            format!("kill node {victim} while shards move, and remove it"),
+            true,
+        );
+        cluster.kill(victim).await;
+    }
+    let removing = tokio::time::Instant::now();
+    cluster.remove_member(victim, MOVE_DEADLINE).await?;
+    cluster.wait_for_placement(MOVE_DEADLINE).await?;
+    observed.push(format!(
+        "node {victim} removed; shards settled on {:?} in {:.1} s",
+        cluster.ids(),
+        removing.elapsed().as_secs_f64()
+    ));
+    Ok(observed)
 }
 
 /// The leader of the target shard (an error when none is reachable).

@@ -9,10 +9,15 @@
 //! the key pair tenants' tokens are signed with (`token.key`, kept by
 //! whoever issues tokens; `token.pub`, every node's `--token-keys`).
 //!
+//! Given a folder that already holds a CA it made (`ca.pem` and `ca.key`),
+//! it makes only the node and tenant certificates asked for that the
+//! folder does not hold yet, signed by that CA: how a node added to a
+//! running cluster gets its certificate.
+//!
 //! IMPLEMENTATION CAVEATS
-//! - It makes a new CA every time and never overwrites files: certificates
-//!   for a node added later need the CA's key and another tool, or a new
-//!   set for the whole cluster.
+//! - It never overwrites files: a certificate that exists is not renewed.
+//! - It reuses only a CA it made itself (it rebuilds the CA's name, not
+//!   the name of another CA's certificate).
 //! - No revocation lists.
 
 use std::io::Write;
@@ -29,7 +34,10 @@ use time::{Duration, OffsetDateTime};
 #[derive(clap::Args)]
 pub struct CertsArgs {
     /// Folder to write the certificates into (created if missing; existing
-    /// files are never overwritten).
+    /// files are never overwritten). When it holds a CA this command made
+    /// (ca.pem and ca.key), only the --nodes and --tenant certificates it
+    /// does not hold yet are made, signed by that CA: `--nodes 4` adds
+    /// node 4's to the certificates of nodes 1 to 3.
     #[arg(long, default_value = "floret-certs")]
     out: PathBuf,
     /// The nodes to make member certificates for: a count (`3` for nodes 1
@@ -66,7 +74,15 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
         floret_server::auth::TenantName::parse(tenant)
             .map_err(|why| anyhow::anyhow!("--tenant {tenant:?}: {why}"))?;
     }
+    let reusing_ca = args.out.join("ca.key").exists();
     let written = write(&args.out, &nodes, &args.names, &args.tenants, args.days)?;
+    if reusing_ca {
+        println!(
+            "wrote {written} files to {}, signed by the CA already there: node-<id>.pem and .key (--tls-cert and --tls-key of each node), tenant-<name>.pem and .key for each --tenant",
+            args.out.display()
+        );
+        return Ok(());
+    }
     println!(
         "wrote {written} files to {}: ca.pem (give it to clients and nodes as --tls-ca / FLORET_TLS_CA), ca.key (keep it offline), node-<id>.pem and .key (--tls-cert and --tls-key of each node), gossip.key (every node's --gossip-secret-file), client.pem and client.key, tenant-<name>.pem and .key for each --tenant (map <name>.tenant.floret in the nodes' auth.client_certificates), token.key (signs tenants' tokens: `floret token create`; keep it offline) and token.pub (every node's --token-keys)",
         args.out.display()
@@ -83,7 +99,38 @@ pub fn write(
     tenants: &[String],
     days: u32,
 ) -> anyhow::Result<usize> {
-    let files = make(nodes, names, tenants, days, OffsetDateTime::now_utc())?;
+    let ca_key = out.join("ca.key");
+    let now = OffsetDateTime::now_utc();
+    let files = if ca_key.exists() && out.join("ca.pem").exists() {
+        let key = std::fs::read_to_string(&ca_key)
+            .with_context(|| format!("cannot read {}", ca_key.display()))?;
+        let key = KeyPair::from_pem(&key)
+            .with_context(|| format!("{} holds no private key", ca_key.display()))?;
+        let issuer = Issuer::new(ca_params(days, now), key);
+        let missing_nodes: Vec<u64> = nodes
+            .iter()
+            .copied()
+            .filter(|node| !out.join(format!("node-{node}.pem")).exists())
+            .collect();
+        let missing_tenants: Vec<String> = tenants
+            .iter()
+            .filter(|tenant| !out.join(format!("tenant-{tenant}.pem")).exists())
+            .cloned()
+            .collect();
+        let mut files = Vec::new();
+        leaves(
+            &issuer,
+            &missing_nodes,
+            names,
+            &missing_tenants,
+            days,
+            now,
+            &mut files,
+        )?;
+        files
+    } else {
+        make(nodes, names, tenants, days, now)?
+    };
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     for file in &files {
         write_new(&out.join(&file.name), &file.contents, file.secret)?;
@@ -113,6 +160,23 @@ fn parse_nodes(nodes: &str) -> anyhow::Result<Vec<u64>> {
     Ok(ids)
 }
 
+/// The CA's certificate parameters: its name, its constraints, valid for
+/// `days` from `now` (what a reused CA is rebuilt from, with its key).
+fn ca_params(days: u32, now: OffsetDateTime) -> CertificateParams {
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name
+        .push(DnType::CommonName, "floret cluster CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut ca, days, now);
+    ca
+}
+
+fn validity(params: &mut CertificateParams, days: u32, now: OffsetDateTime) {
+    params.not_before = now - Duration::hours(1);
+    params.not_after = now + Duration::days(i64::from(days));
+}
+
 /// The CA, a member certificate per node and a client certificate, valid
 /// for `days` from `now`.
 fn make(
@@ -122,17 +186,8 @@ fn make(
     days: u32,
     now: OffsetDateTime,
 ) -> anyhow::Result<Vec<PemFile>> {
-    let validity = |params: &mut CertificateParams| {
-        params.not_before = now - Duration::hours(1);
-        params.not_after = now + Duration::days(i64::from(days));
-    };
     let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name
-        .push(DnType::CommonName, "floret cluster CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
+    let ca = ca_params(days, now);
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
     let mut files = vec![
@@ -147,38 +202,39 @@ fn make(
             secret: true,
         },
     ];
-    let mut leaf = |stem: String, common_name: String, sans: Vec<String>, server: bool| {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = if server {
-            vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ]
-        } else {
-            vec![ExtendedKeyUsagePurpose::ClientAuth]
-        };
-        validity(&mut params);
-        let cert = params.signed_by(&key, &issuer)?;
-        files.push(PemFile {
-            name: format!("{stem}.pem"),
-            contents: cert.pem(),
-            secret: false,
-        });
-        files.push(PemFile {
-            name: format!("{stem}.key"),
-            contents: key.serialize_pem(),
-            secret: true,
-        });
-        anyhow::Ok(())
-    };
+    leaves(&issuer, nodes, names, &[], days, now, &mut files)?;
+    leaf(
+        &issuer,
+        ("client".into(), "floret client".into()),
+        vec!["client.floret".into()],
+        false,
+        (days, now),
+        &mut files,
+    )
+    .context("cannot make the client certificate")?;
+    leaves(&issuer, &[], &[], tenants, days, now, &mut files)?;
+    files.push(PemFile {
+        name: "gossip.key".into(),
+        contents: gossip_secret()?,
+        secret: true,
+    });
+    files.extend(token_key_files(
+        &SigningKey::generate().map_err(anyhow::Error::msg)?,
+    ));
+    Ok(files)
+}
+
+/// The member certificate of each of `nodes` (carrying `names` too) and
+/// the client certificate of each of `tenants`, signed by `issuer`.
+fn leaves(
+    issuer: &Issuer<'_, KeyPair>,
+    nodes: &[u64],
+    names: &[String],
+    tenants: &[String],
+    days: u32,
+    now: OffsetDateTime,
+    files: &mut Vec<PemFile>,
+) -> anyhow::Result<()> {
     for &node in nodes {
         let mut sans = vec![
             floret_server::member_name(node),
@@ -192,38 +248,72 @@ fn make(
                 .map(|name| name.replace("{id}", &node.to_string())),
         );
         leaf(
-            format!("node-{node}"),
-            format!("floret node {node}"),
+            issuer,
+            (format!("node-{node}"), format!("floret node {node}")),
             sans,
             true,
+            (days, now),
+            files,
         )
         .with_context(|| format!("cannot make node {node}'s certificate"))?;
     }
-    leaf(
-        "client".into(),
-        "floret client".into(),
-        vec!["client.floret".into()],
-        false,
-    )
-    .context("cannot make the client certificate")?;
     for tenant in tenants {
         leaf(
-            format!("tenant-{tenant}"),
-            format!("floret tenant {tenant}"),
+            issuer,
+            (
+                format!("tenant-{tenant}"),
+                format!("floret tenant {tenant}"),
+            ),
             vec![floret_server::auth::tenant_certificate_name(tenant)],
             false,
+            (days, now),
+            files,
         )
         .with_context(|| format!("cannot make tenant {tenant}'s certificate"))?;
     }
+    Ok(())
+}
+
+/// One certificate and its key, `stem.pem` and `stem.key`, naming
+/// `common_name` and carrying `sans`; a server's is also a client's.
+fn leaf(
+    issuer: &Issuer<'_, KeyPair>,
+    (stem, common_name): (String, String),
+    sans: Vec<String>,
+    server: bool,
+    (days, now): (u32, OffsetDateTime),
+    files: &mut Vec<PemFile>,
+) -> anyhow::Result<()> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(sans)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = if server {
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ]
+    } else {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    };
+    validity(&mut params, days, now);
+    let cert = params.signed_by(&key, issuer)?;
     files.push(PemFile {
-        name: "gossip.key".into(),
-        contents: gossip_secret()?,
+        name: format!("{stem}.pem"),
+        contents: cert.pem(),
+        secret: false,
+    });
+    files.push(PemFile {
+        name: format!("{stem}.key"),
+        contents: key.serialize_pem(),
         secret: true,
     });
-    files.extend(token_key_files(
-        &SigningKey::generate().map_err(anyhow::Error::msg)?,
-    ));
-    Ok(files)
+    Ok(())
 }
 
 /// The private and public halves of a token signing key.

@@ -48,7 +48,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
                 "shard_id": s.shard_id, "leader_id": s.leader_id, "preferred_leader_id": s.preferred_leader_id,
                 "term": s.term, "applied_index": s.applied_index, "last_log_index": s.last_log_index,
-                "voters": s.voters, "learners": s.learners,
+                "voters": s.voters, "learners": s.learners, "placed": s.placed,
                 "replicas": s.replicas.iter().map(|r| serde_json::json!({
                     "node_id": r.node_id, "reachable": r.reachable, "applied_index": r.applied_index, "lag": r.lag,
                 })).collect::<Vec<_>>(),

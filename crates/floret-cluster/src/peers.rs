@@ -6,14 +6,13 @@
 //! this node presents its member certificate and expects the one of the
 //! node it dials.
 //!
-//! The member list can change while the node runs ([`Peers::set_members`]):
-//! every read is of the list as it is at that moment.
+//! The member list can change while the node runs ([`Peers::set_members`],
+//! which the membership group drives): every read is of the list as it is
+//! at that moment, and [`Peers::member_changes`] says when it changed.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - The list comes from configuration only. The membership group
-//!   (`shards/members.rs`) holds the addresses members were founded with,
-//!   while a restart may give a member a new address in configuration, so
-//!   following the group needs a way to change a member's address first.
+//! - A member that leaves loses its channel here at once; calls already
+//!   holding it go on until they end.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
@@ -67,6 +66,8 @@ pub struct Peers {
     node_id: NodeId,
     tls: Option<MemberTls>,
     members: RwLock<Members>,
+    /// Counts the changes of the member list.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// The members at one time: each one's address, and a channel and an
@@ -96,6 +97,7 @@ impl Peers {
             node_id,
             tls: tls.cloned(),
             members: RwLock::new(Members::default()),
+            changes: tokio::sync::watch::Sender::new(0),
         };
         peers.set_members(members)?;
         Ok(peers)
@@ -134,7 +136,14 @@ impl Peers {
             addresses: members,
             dialled,
         };
+        self.changes.send_modify(|changes| *changes += 1);
         Ok(true)
+    }
+
+    /// Changes whenever the member list does (for those that hold on to
+    /// the members, like a consumer's fan-in over every node).
+    pub fn member_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// A lazily connected channel to `node` at `address`, and the append

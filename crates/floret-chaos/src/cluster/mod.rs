@@ -3,8 +3,8 @@
 //! it: SIGKILL, SIGSTOP/SIGCONT, restarts (with fault points switched on
 //! through `FAILPOINTS`), partitions, and damage to a stopped node's data dir.
 //!
-//! The faults themselves are `faults.rs`; cutting gossip and checking the
-//! view is `gossip.rs`; waiting on and checking the shards' raft state
+//! The faults themselves are `faults.rs`; adding and removing members is
+//! `members.rs`; cutting gossip and checking the view is `gossip.rs`; waiting on and checking the shards' raft state
 //! (catch-up, leaders, replica digests) is `raft_state.rs`.
 //!
 //! Node `i` dials node `j`'s peer port through its own proxy `i→j`;
@@ -19,7 +19,7 @@
 //! - Ports are picked by binding port 0 and releasing it; another process
 //!   could take one in between.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -40,6 +40,7 @@ use crate::proxy::Link;
 
 mod faults;
 mod gossip;
+mod members;
 mod raft_state;
 
 pub use faults::flip_bit;
@@ -91,6 +92,8 @@ pub struct Cluster {
     /// The tokens' signing key, and the admin token the cluster's own
     /// clients send, when the nodes take tokens.
     tokens: Option<(ClusterTokens, String)>,
+    /// Nodes that joined the running cluster (started with `--join`).
+    joined: BTreeSet<NodeId>,
 }
 
 impl Cluster {
@@ -144,6 +147,7 @@ impl Cluster {
             links,
             certs,
             tokens,
+            joined: BTreeSet::new(),
         };
         cluster.set_gossip_cut(cluster.spec.gossip_cut)?;
         let failpoints = cluster.spec.start_failpoints.clone();
@@ -157,6 +161,12 @@ impl Cluster {
             cluster.wait_for_full_view(FULL_VIEW_DEADLINE).await?;
         }
         Ok(cluster)
+    }
+
+    /// An id no node of this cluster ever had: the next one after the
+    /// founders and every node that joined.
+    pub fn unused_id(&self) -> NodeId {
+        self.joined.iter().max().copied().unwrap_or(self.spec.size) + 1
     }
 
     /// Node ids.
@@ -239,32 +249,54 @@ impl Cluster {
     }
 
     fn spawn(&mut self, id: NodeId, failpoints: &str) -> anyhow::Result<()> {
-        let peers = peers_flag(self.nodes.iter().map(|(&other, node)| {
-            let address = if other == id {
-                node.peer_address
-            } else {
-                self.links[&(id, other)].address
-            };
-            (other, address)
-        }));
+        let (peers, join) = if self.joined.contains(&id) {
+            let members = peers_flag(
+                self.nodes
+                    .iter()
+                    .filter(|&(&other, _)| other != id)
+                    .map(|(&other, node)| (other, node.peer_address)),
+            );
+            let own_peer_address = self.nodes[&id].peer_address.to_string();
+            let join = vec![
+                "--join".to_owned(),
+                members,
+                "--peer-listen".to_owned(),
+                own_peer_address,
+            ];
+            (None, join)
+        } else {
+            let peers = peers_flag((1..=self.spec.size).map(|founder| {
+                let address = if founder == id {
+                    self.nodes[&id].peer_address
+                } else {
+                    self.links[&(id, founder)].address
+                };
+                (founder, address)
+            }));
+            (Some(peers), Vec::new())
+        };
+        let certificates = self
+            .certs
+            .as_ref()
+            .map(|certs| certs.serve_flags(id))
+            .into_iter()
+            .flatten();
+        let token_keys = self.tokens.as_ref().into_iter().flat_map(|(tokens, _)| {
+            [
+                "--token-keys".to_owned(),
+                tokens.public_key().display().to_string(),
+            ]
+        });
         let args = ServeArgs {
             data_dir: self.data_dir(id),
             node_id: Some(id),
             listen: Some(self.nodes[&id].address.to_string()),
-            peers: Some(peers),
+            peers,
             config: Some(self.spec.root.join("floret.toml")),
-            extra: self
-                .certs
-                .as_ref()
-                .map(|certs| certs.serve_flags(id))
+            extra: join
                 .into_iter()
-                .flatten()
-                .chain(self.tokens.as_ref().into_iter().flat_map(|(tokens, _)| {
-                    [
-                        "--token-keys".to_owned(),
-                        tokens.public_key().display().to_string(),
-                    ]
-                }))
+                .chain(certificates)
+                .chain(token_keys)
                 .collect(),
         };
         let log = std::fs::OpenOptions::new()

@@ -93,7 +93,8 @@ pub fn membership_voters(
 impl Shards {
     /// Makes `change` on the membership group, which this node must lead.
     /// Returns the members after it. A change already made (the node is a
-    /// member at that address, or leaving, or no member) changes nothing.
+    /// member at that address, or leaving, or no member) changes nothing
+    /// but the voters, if a change cut off before left them behind.
     pub async fn change_members(
         &self,
         change: MemberChange,
@@ -119,7 +120,7 @@ impl Shards {
             let records = BTreeMap::from([(node, member_record(peer_address, leaving))]);
             raft.change_membership(ChangeMembers::SetNodes(records), true)
         };
-        match change {
+        let placed_after = match change {
             MemberChange::Add { node, peer_address } => {
                 if node == 0 {
                     return Err(MemberChangeError::Invalid("node ids are > 0".into()));
@@ -132,9 +133,7 @@ impl Shards {
                 let mut placed_after = placed_before.clone();
                 placed_after.insert(node);
                 match before.members.iter().find(|member| member.id == node) {
-                    Some(member) if member.peer_address == peer_address && !member.leaving => {
-                        return Ok(before);
-                    }
+                    Some(member) if member.peer_address == peer_address && !member.leaving => {}
                     Some(member) => {
                         if member.leaving {
                             self.check_member_change(&placed_before, &placed_after)?;
@@ -152,12 +151,7 @@ impl Shards {
                             .map_err(|e| raft_error(e.to_string()))?;
                     }
                 }
-                let voters = membership_voters(&voters_now, &placed_after);
-                if voters != voters_now {
-                    raft.change_membership(voters, true)
-                        .await
-                        .map_err(|e| raft_error(e.to_string()))?;
-                }
+                placed_after
             }
             MemberChange::Remove { node } => {
                 let Some(member) = before.members.iter().find(|member| member.id == node) else {
@@ -175,15 +169,16 @@ impl Shards {
                         .await
                         .map_err(|e| raft_error(e.to_string()))?;
                 }
-                let voters = membership_voters(&voters_now, &placed_after);
-                if voters != voters_now {
-                    // The leaving member stays a learner: the configurations
-                    // that follow still reach it.
-                    raft.change_membership(voters, true)
-                        .await
-                        .map_err(|e| raft_error(e.to_string()))?;
-                }
+                placed_after
             }
+        };
+        let voters = membership_voters(&voters_now, &placed_after);
+        if voters != voters_now {
+            // A voter that leaves stays a learner: the configurations that
+            // follow still reach it.
+            raft.change_membership(voters, true)
+                .await
+                .map_err(|e| raft_error(e.to_string()))?;
         }
         Ok(self.members_view())
     }

@@ -255,6 +255,16 @@ impl Shards {
             .filter(|group| self.holds_replica(group))
     }
 
+    /// The shards this node holds, and those the placement puts on it that
+    /// no leader has reached yet (at a cluster's first start, before they
+    /// are founded): what a starting node waits to see led.
+    pub fn placed_or_held_groups(&self) -> impl Iterator<Item = &ShardGroup> {
+        let placement = self.replicas();
+        let node_id = self.node_id();
+        self.opened_groups()
+            .filter(move |group| placement.holds(node_id, group.id) || self.holds_replica(group))
+    }
+
     /// The group of `shard` on this node, whether or not it holds a
     /// replica of it: what the node wires its proposer, dispatcher and
     /// leadership watcher to, as a replica may move here later.

@@ -285,9 +285,10 @@ impl Node {
         })
     }
 
-    /// Waits until every shard this node holds has a leader, then reports SERVING.
+    /// Waits until every shard this node holds or is placed on has a
+    /// leader, then reports SERVING.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), NodeError> {
-        for group in self.shards.groups() {
+        for group in self.shards.placed_or_held_groups() {
             let mut metrics = group.raft.metrics();
             let led =
                 tokio::time::timeout(timeout, metrics.wait_for(|m| m.current_leader.is_some()))

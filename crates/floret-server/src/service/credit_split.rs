@@ -43,6 +43,13 @@ impl CreditSplit {
         }
     }
 
+    /// Adds one more source (a node that joined): it starts level with
+    /// the others once it has weight.
+    pub fn add_source(&mut self) {
+        self.passes.push(0.0);
+        self.eligible.push(false);
+    }
+
     /// Gives `credits` credits to the sources with weight > 0, in proportion
     /// to their weights; returns how many each gets.
     pub fn split(&mut self, credits: u64, weights: &[u64]) -> Vec<u64> {

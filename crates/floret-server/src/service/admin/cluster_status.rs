@@ -71,6 +71,7 @@ impl AdminService {
                         .learner_ids()
                         .collect(),
                     preferred_leader_id: replicas.preferred_leader(group.id),
+                    placed: replicas.replicas(group.id).to_vec(),
                     replicas: Vec::new(),
                 }
             })
@@ -171,6 +172,7 @@ impl AdminService {
                 let best = best.unwrap_or_else(|| v1::ShardStatus {
                     shard_id: shard,
                     preferred_leader_id: placement.preferred_leader(shard),
+                    placed: placement.replicas(shard).to_vec(),
                     ..Default::default()
                 });
                 let replica_statuses = replicas

@@ -1,10 +1,14 @@
 //! The merge task of one consumer: takes deliveries from this node's
-//! dispatcher and every peer's stream, forwards them within the consumer's
+//! dispatcher and every peer's stream (a node that joins while it runs
+//! becomes a source too), forwards them within the consumer's
 //! credits (holding the rest), handles the consumer's credits, acks and
 //! nacks, and rebalances the sources' credits (`credits.rs`) on every event
 //! and every [`REBALANCE_INTERVAL`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+
+use floret_cluster::Peers;
 
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
@@ -40,6 +44,12 @@ pub(super) struct Merge {
     pub(super) queue: String,
     /// The consumer's stream, which alone settles what it is delivered.
     pub(super) settled_by: SettledBy,
+    /// The consumer's stream as the peers' dispatchers are told it.
+    pub(super) owner: StreamOwner,
+    /// The members, for following each one that joins.
+    pub(super) peers: Arc<Peers>,
+    /// Where the peer streams send their events.
+    pub(super) peer_events: mpsc::UnboundedSender<PeerEvent>,
     pub(super) dispatcher: DispatcherHandle,
     pub(super) local_consumer: ConsumerId,
     /// Node of each source (this node first).
@@ -101,51 +111,32 @@ pub async fn serve(
         max_credits,
         cross_node_split,
     } = sources;
-    let others: Vec<NodeId> = peers.others().collect();
-    let source_count = 1 + others.len();
     let (local_events, local_deliveries) = mpsc::unbounded_channel();
     let local_consumer = dispatcher
         .subscribe(queue.clone(), 1, local_events, false, owner.clone())
         .await
         .map_err(Status::from)?;
     let (peer_events, peer_deliveries) = mpsc::unbounded_channel();
-    let mut peer_credits = Vec::with_capacity(others.len());
-    for (offset, &node) in others.iter().enumerate() {
-        let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
-        peer_credits.push(credit_sender);
-        tokio::spawn(request_id::within_call(follow_peer(
-            PeerSource {
-                index: offset + 1,
-                node,
-                queue: queue.clone(),
-                owner: owner.clone(),
-                peers: peers.clone(),
-            },
-            credit_receiver,
-            peer_events.clone(),
-        )));
-    }
-    let mut connected = vec![false; source_count];
-    connected[0] = true;
-    let mut outstanding = vec![0; source_count];
-    outstanding[0] = 1;
     let started = Instant::now();
-    let merge = Merge {
+    let mut merge = Merge {
         queue,
-        settled_by: SettledBy::Stream(owner),
+        settled_by: SettledBy::Stream(owner.clone()),
+        owner,
         dispatcher,
         local_consumer,
-        nodes: std::iter::once(peers.node_id()).chain(others).collect(),
-        peer_credits,
-        connected,
-        outstanding,
-        generations: vec![0; source_count],
-        reports: vec![None; source_count],
-        reported: vec![None; source_count],
-        shares_sent: vec![None; source_count],
-        last_heard: vec![started; source_count],
+        nodes: vec![peers.node_id()],
+        peers,
+        peer_events,
+        peer_credits: Vec::new(),
+        connected: vec![true],
+        outstanding: vec![1],
+        generations: vec![0],
+        reports: vec![None],
+        reported: vec![None],
+        shares_sent: vec![None],
+        last_heard: vec![started],
         split_from: started + FIRST_SPLIT_WAIT,
-        split: CreditSplit::new(source_count),
+        split: CreditSplit::new(1),
         cross_node_split,
         consumer_credits: u64::from(credits.min(max_credits)),
         max_credits: u64::from(max_credits),
@@ -154,6 +145,7 @@ pub async fn serve(
         outbound,
         average_delivery_bytes: FIRST_DELIVERY_BYTES_GUESS,
     };
+    merge.follow_new_members();
     tokio::spawn(request_id::within_call(merge.run(
         inbound,
         local_deliveries,
@@ -164,6 +156,40 @@ pub async fn serve(
 }
 
 impl Merge {
+    /// Adds every member not yet a source as one (all of them when the
+    /// merge begins, then each node that joins while it lives), and
+    /// follows its stream.
+    fn follow_new_members(&mut self) {
+        for node in self.peers.others() {
+            if self.nodes.contains(&node) {
+                continue;
+            }
+            let index = self.nodes.len();
+            let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
+            self.nodes.push(node);
+            self.peer_credits.push(credit_sender);
+            self.connected.push(false);
+            self.outstanding.push(0);
+            self.generations.push(0);
+            self.reports.push(None);
+            self.reported.push(None);
+            self.shares_sent.push(None);
+            self.last_heard.push(Instant::now());
+            self.split.add_source();
+            tokio::spawn(request_id::within_call(follow_peer(
+                PeerSource {
+                    index,
+                    node,
+                    queue: self.queue.clone(),
+                    owner: self.owner.clone(),
+                    peers: self.peers.clone(),
+                },
+                credit_receiver,
+                self.peer_events.clone(),
+            )));
+        }
+    }
+
     async fn run(
         mut self,
         inbound: Streaming<v1::ConsumeRequest>,
@@ -176,9 +202,11 @@ impl Merge {
         let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stream = self.outbound.clone();
+        let mut member_changes = self.peers.member_changes();
         loop {
             tokio::select! {
                 _ = tick.tick() => self.forward_waiting(),
+                Ok(()) = member_changes.changed() => self.follow_new_members(),
                 () = stream.taken() => self.forward_waiting(),
                 request = requests.recv() => match request {
                     Some(Ok(request)) => {
