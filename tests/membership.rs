@@ -1,16 +1,21 @@
 //! Changing members while the cluster serves: a node added to a running
 //! three-node cluster takes the replicas the ring gives it, a member killed
 //! and then removed gives its replicas to the others, and every message
-//! acknowledged through the changes is still delivered after.
+//! acknowledged through the changes is still delivered after. Grown to
+//! five and shrunk back to three (one node dead, one alive) under 10
+//! idempotent producers and 3 consumers given the first three addresses,
+//! no produce call fails, the p99 stays under 2 s, and the replicas agree.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use floret_client::Client;
+use tokio::sync::watch;
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
+use super::rolling_restart::{Consumed, consume_steadily, percentile, produce_steadily};
 use super::{SHARDS, drain_through, produce_into, wait_for_acknowledged};
 
 const PRODUCERS: u64 = 6;
@@ -206,4 +211,158 @@ async fn a_node_joining_a_tls_cluster_is_refused_by_the_peer_port() {
     .expect("produce through the new node");
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     drain_through(cluster.client(4), &expected).await;
+}
+
+/// The longest a produce call may take at the 99th percentile while
+/// shards move.
+const MAX_PRODUCE_STALL_P99: Duration = Duration::from_secs(2);
+
+/// Waits until every node of `nodes` reports, for every shard it holds,
+/// the same applied index and state digest as the others.
+async fn wait_for_equal_digests(cluster: &Cluster, nodes: &[u64]) {
+    eventually(MOVE_DEADLINE, "equal replica digests", || async {
+        let mut by_shard: std::collections::BTreeMap<u32, BTreeSet<(u64, u64)>> =
+            Default::default();
+        for &node in nodes {
+            let Ok(replicas) = cluster.client(node).replica_digests().await else {
+                return false;
+            };
+            for replica in replicas {
+                by_shard
+                    .entry(replica.shard_id)
+                    .or_default()
+                    .insert((replica.applied_index, replica.digest));
+            }
+        }
+        by_shard.values().all(|states| states.len() == 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    cluster.wait_for_preferred_leaders(1).await;
+    let client = cluster.client_of(&cluster.addresses());
+    let (stop_producing, producing) = watch::channel(false);
+    let (stop_consuming, consuming) = watch::channel(false);
+    let consumed: Vec<Arc<Mutex<Consumed>>> = (0..3).map(|_| Arc::default()).collect();
+    let consumers: Vec<_> = consumed
+        .iter()
+        .map(|record| {
+            tokio::spawn(consume_steadily(
+                client.clone(),
+                record.clone(),
+                consuming.clone(),
+            ))
+        })
+        .collect();
+    let producers: Vec<_> = (0..10)
+        .map(|n| {
+            tokio::spawn(produce_steadily(
+                client.clone(),
+                format!("p{n}"),
+                producing.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut took = Vec::new();
+    for (node, members) in [(4, vec![1, 2, 3, 4]), (5, vec![1, 2, 3, 4, 5])] {
+        let began = Instant::now();
+        cluster
+            .client(1)
+            .add_node(node, &cluster.next_peer_address())
+            .await
+            .unwrap_or_else(|e| panic!("add node {node}: {e}"));
+        assert_eq!(tokio::task::block_in_place(|| cluster.join()), node);
+        wait_for_replicas_on(
+            &cluster.client(1),
+            &members,
+            "the new node's replicas moved",
+        )
+        .await;
+        took.push((format!("add {node}"), began.elapsed()));
+    }
+    let began = Instant::now();
+    cluster.kill(2);
+    cluster
+        .client(1)
+        .remove_node(2)
+        .await
+        .expect("remove the dead node 2");
+    wait_for_replicas_on(&cluster.client(1), &[1, 3, 4, 5], "node 2's replicas moved").await;
+    took.push(("remove 2 (dead)".to_owned(), began.elapsed()));
+    let began = Instant::now();
+    cluster
+        .client(1)
+        .remove_node(3)
+        .await
+        .expect("remove node 3");
+    let client_1 = cluster.client(1);
+    eventually(MOVE_DEADLINE, "node 3 out of the membership group", || {
+        let client_1 = client_1.clone();
+        async move { member_ids(&client_1).await == [1, 4, 5] }
+    })
+    .await;
+    let exit = cluster.terminate(3, MOVE_DEADLINE);
+    assert!(
+        exit.is_some_and(|status| status.success()),
+        "node 3 stopped: {exit:?}"
+    );
+    wait_for_replicas_on(
+        &cluster.client(1),
+        &[1, 4, 5],
+        "every shard on nodes 1, 4 and 5",
+    )
+    .await;
+    took.push(("remove 3 (alive)".to_owned(), began.elapsed()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_producing.send_replace(true);
+
+    let mut acknowledged = HashSet::new();
+    let mut failures = Vec::new();
+    let mut call_times = Vec::new();
+    for producer in producers {
+        let produced = producer.await.unwrap();
+        acknowledged.extend(produced.acknowledged);
+        failures.extend(produced.failures);
+        call_times.extend(produced.call_times);
+    }
+    assert!(failures.is_empty(), "produce calls failed: {failures:?}");
+    let calls = call_times.len();
+    let slowest = call_times.iter().max().copied().unwrap_or_default();
+    let p99 = percentile(call_times, 0.99);
+    assert!(
+        p99 < MAX_PRODUCE_STALL_P99,
+        "produce p99 {p99:?} over {calls} calls"
+    );
+    eventually(
+        MOVE_DEADLINE,
+        "every acknowledged message delivered",
+        || {
+            let consumed = consumed.clone();
+            let acknowledged = &acknowledged;
+            async move {
+                let mut delivered = HashSet::new();
+                for record in &consumed {
+                    delivered.extend(record.lock().unwrap().delivered.iter().cloned());
+                }
+                acknowledged.is_subset(&delivered)
+            }
+        },
+    )
+    .await;
+    stop_consuming.send_replace(true);
+    for consumer in consumers {
+        consumer.await.unwrap();
+    }
+    wait_for_equal_digests(&cluster, &[1, 4, 5]).await;
+    eprintln!(
+        "grow to five, shrink to three: {calls} produce calls, 0 failed, p99 {p99:?}, slowest {slowest:?}; {} acknowledged, all delivered; each change until its shards settled: {took:?}",
+        acknowledged.len()
+    );
 }

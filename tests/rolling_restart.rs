@@ -29,14 +29,14 @@ const MAX_CONSUMER_GAP: Duration = Duration::from_secs(2);
 
 /// What a producer saw.
 #[derive(Default)]
-struct Produced {
-    acknowledged: Vec<(String, u64)>,
-    failures: Vec<String>,
-    call_times: Vec<Duration>,
+pub(super) struct Produced {
+    pub acknowledged: Vec<(String, u64)>,
+    pub failures: Vec<String>,
+    pub call_times: Vec<Duration>,
 }
 
 /// Sends one message per call for `producer` until `stop`, idempotently.
-async fn produce_steadily(
+pub(super) async fn produce_steadily(
     client: Client,
     producer: String,
     stop: watch::Receiver<bool>,
@@ -59,15 +59,15 @@ async fn produce_steadily(
 
 /// What a consumer saw: when each delivery came, and what was delivered.
 #[derive(Default)]
-struct Consumed {
-    delivered_at: Vec<Instant>,
-    delivered: HashSet<(String, u64)>,
-    ended: Vec<String>,
+pub(super) struct Consumed {
+    pub delivered_at: Vec<Instant>,
+    pub delivered: HashSet<(String, u64)>,
+    pub ended: Vec<String>,
 }
 
 /// Consumes through one stream of `client` (which moves between nodes by
 /// itself) until `stop`, acking and crediting every delivery.
-async fn consume_steadily(
+pub(super) async fn consume_steadily(
     client: Client,
     consumed: Arc<Mutex<Consumed>>,
     mut stop: watch::Receiver<bool>,
@@ -127,7 +127,7 @@ async fn consume_steadily(
     }
 }
 
-fn percentile(mut times: Vec<Duration>, fraction: f64) -> Duration {
+pub(super) fn percentile(mut times: Vec<Duration>, fraction: f64) -> Duration {
     times.sort_unstable();
     let index = ((times.len() as f64 * fraction).ceil() as usize).clamp(1, times.len()) - 1;
     times[index]

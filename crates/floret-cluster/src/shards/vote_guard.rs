@@ -105,7 +105,12 @@ impl Shards {
             undecided.retain(|&shard| {
                 let (exists, all_answered) = self.presence(shard, &answers);
                 if exists {
-                    if self
+                    if !self.founding.members().contains(&self.node_id()) {
+                        tracing::debug!(
+                            shard,
+                            "a node that joined: no vote until a leader moves the shard here"
+                        );
+                    } else if self
                         .asked_which_shards_exist
                         .load(std::sync::atomic::Ordering::Relaxed)
                     {
