@@ -41,7 +41,7 @@ async fn start(dir: &std::path::Path) -> (Database, Shards) {
         .await
         .unwrap();
     shards.bootstrap().await.unwrap();
-    let mut metrics = shards.group(0).unwrap().raft.metrics();
+    let mut metrics = shards.opened_group(0).unwrap().raft.metrics();
     tokio::time::timeout(DEADLINE, metrics.wait_for(|m| m.current_leader == Some(1)))
         .await
         .expect("elected in time")
@@ -53,7 +53,7 @@ async fn start(dir: &std::path::Path) -> (Database, Shards) {
 async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (database, shards) = start(dir.path()).await;
-    let raft = shards.group(0).unwrap().raft.clone();
+    let raft = shards.opened_group(0).unwrap().raft.clone();
     for counter in 0..150 {
         raft.client_write(Command {
             ops: vec![enqueue("p", counter)],
@@ -84,7 +84,7 @@ async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     .clone();
     assert!(purged.purged.unwrap().index > 0);
     let before = shards
-        .group(0)
+        .opened_group(0)
         .unwrap()
         .reader
         .producer("default", "p")
@@ -98,8 +98,8 @@ async fn state_rebuilt_from_snapshot_and_purged_log_after_restart() {
     database.close();
 
     let (database, shards) = start(dir.path()).await;
-    let reader = &shards.group(0).unwrap().reader;
-    let mut metrics = shards.group(0).unwrap().raft.metrics();
+    let reader = &shards.opened_group(0).unwrap().reader;
+    let mut metrics = shards.opened_group(0).unwrap().raft.metrics();
     tokio::time::timeout(
         DEADLINE,
         metrics.wait_for(|m| m.last_applied >= applied_before),
