@@ -48,6 +48,8 @@ pub async fn ask_to_join(
     ask: &[PeerConfig],
     tls: Option<&MemberTls>,
 ) -> Result<Joined, NodeError> {
+    // The members to ask as peers, for their channels (under TLS expecting
+    // each one's member name); this node's own entry is never dialled.
     let members: BTreeMap<NodeId, String> = ask
         .iter()
         .map(|member| (member.id, member.address.clone()))

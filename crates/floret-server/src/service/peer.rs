@@ -20,7 +20,6 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use floret_cluster::{Shards, batched, decode, encode};
 use floret_proto::peer::v1::{self, peer_server::Peer};
@@ -44,13 +43,9 @@ use crate::produce::proposer::Proposers;
 use crate::raft_inputs::{self, SnapshotChunks};
 use crate::request::InvalidRequest;
 use crate::sink::LocalSinkWeights;
-use raft::{answer_bytes, append, may_block, raft_of, undecodable};
+use raft::{answer_bytes, append, may_block, raft_of, take_over, undecodable};
 
 mod raft;
-
-/// The longest a node waits to catch up before it calls the election a
-/// stopping leader handed it.
-const MAX_TAKE_OVER_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves the other nodes.
 pub struct PeerService {
@@ -347,31 +342,9 @@ impl Peer for PeerService {
         request: Request<v1::TakeLeadershipRequest>,
     ) -> Result<Response<v1::TakeLeadershipResponse>, Status> {
         let caller = peer_identity::caller(&request);
-        let v1::TakeLeadershipRequest {
-            shard_id,
-            node_id,
-            leader_last_log_index,
-            wait_ms,
-        } = request.into_inner();
-        check_sender(caller, node_id)?;
-        let leader = self.raft(shard_id)?.metrics().borrow().current_leader;
-        if leader != Some(node_id) {
-            return Err(Status::failed_precondition(format!(
-                "node {node_id} does not lead shard {shard_id} as far as node {} knows (leader: {leader:?})",
-                self.shards.node_id()
-            )));
-        }
-        let elect_within = Duration::from_millis(wait_ms).min(MAX_TAKE_OVER_WAIT);
-        let leader = crate::leadership::rebalance::elect_once_caught_up(
-            &self.shards,
-            shard_id,
-            leader_last_log_index,
-            elect_within,
-        )
-        .await;
-        Ok(Response::new(v1::TakeLeadershipResponse {
-            leader_id: leader.unwrap_or(0),
-        }))
+        take_over(&self.shards, caller, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn forward_produce(
@@ -444,34 +417,22 @@ impl Peer for PeerService {
 
     async fn describe_cluster(
         &self,
-        _request: Request<floret_proto::peer::v1::DescribeClusterRequest>,
-    ) -> Result<Response<floret_proto::peer::v1::DescribeClusterResponse>, Status> {
-        let view = self.shards.members_view();
-        if view.epoch.is_none() {
-            return Err(Status::unavailable(
-                "this node's cluster is not founded yet: join once its members have started",
-            ));
-        }
-        Ok(Response::new(
-            floret_proto::peer::v1::DescribeClusterResponse {
-                shard_count: self.shards.placement().shard_count(),
-                replication_factor: self.shards.replication_factor() as u32,
-                founding_members: self.shards.founding().members().to_vec(),
-                membership: Some(crate::service::admin::membership(view)),
-            },
-        ))
+        _request: Request<v1::DescribeClusterRequest>,
+    ) -> Result<Response<v1::DescribeClusterResponse>, Status> {
+        self.this_node
+            .admin
+            .cluster_description()
+            .map(Response::new)
     }
 
     async fn change_members(
         &self,
-        request: Request<floret_proto::peer::v1::ChangeMembersRequest>,
+        request: Request<v1::ChangeMembersRequest>,
     ) -> Result<Response<floret_proto::v1::MembershipChangeResponse>, Status> {
-        let change = crate::service::admin::member_change(request.into_inner())?;
-        self.this_node
-            .admin
-            .change_members_here(change)
+        let admin = &self.this_node.admin;
+        admin
+            .change_members_forwarded(request.into_inner())
             .await
             .map(Response::new)
-            .map_err(crate::service::admin::change_status)
     }
 }

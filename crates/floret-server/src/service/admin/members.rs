@@ -1,7 +1,8 @@
 //! Adding and removing members for an administrator (`Admin.AddNode`,
 //! `Admin.RemoveNode`): the change is made on the membership group's
 //! leader, this node or the one it forwards to over the peer port
-//! (`Peer.ChangeMembers`), and answered with the members after it.
+//! (`Peer.ChangeMembers`), and answered with the members after it. Also
+//! what a joining node is told of the cluster (`Peer.DescribeCluster`).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A one-node cluster (started without peers) has no peer port and
@@ -10,8 +11,8 @@
 use std::time::Duration;
 
 use floret_cluster::{MemberChange, MemberChangeError};
-use floret_proto::peer::v1::ChangeMembersRequest;
 use floret_proto::peer::v1::change_members_request::Change;
+use floret_proto::peer::v1::{ChangeMembersRequest, DescribeClusterResponse};
 use floret_proto::v1;
 use tonic::Status;
 
@@ -22,7 +23,7 @@ use super::membership;
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 
 /// Reads a forwarded or local request as the change it asks for.
-pub(crate) fn member_change(request: ChangeMembersRequest) -> Result<MemberChange, Status> {
+fn member_change(request: ChangeMembersRequest) -> Result<MemberChange, Status> {
     match request.change {
         Some(Change::Add(add)) => Ok(MemberChange::Add {
             node: add.node_id,
@@ -69,6 +70,35 @@ impl AdminService {
         }
     }
 
+    /// What a joining node needs (`Peer.DescribeCluster`): the shard count,
+    /// the replication factor, the founding and the current members.
+    pub(crate) fn cluster_description(&self) -> Result<DescribeClusterResponse, Status> {
+        let view = self.shards.members_view();
+        if view.epoch.is_none() {
+            return Err(Status::unavailable(
+                "this node's cluster is not founded yet: join once its members have started",
+            ));
+        }
+        Ok(DescribeClusterResponse {
+            shard_count: self.shards.placement().shard_count(),
+            replication_factor: self.shards.replication_factor() as u32,
+            founding_members: self.shards.founding().members().to_vec(),
+            membership: Some(membership(view)),
+        })
+    }
+
+    /// A change another node forwarded here (`Peer.ChangeMembers`), made if
+    /// this node leads the membership group; never forwarded again.
+    pub(crate) async fn change_members_forwarded(
+        &self,
+        request: ChangeMembersRequest,
+    ) -> Result<v1::MembershipChangeResponse, Status> {
+        let change = member_change(request)?;
+        self.change_members_here(change)
+            .await
+            .map_err(change_status)
+    }
+
     /// Waits, up to [`LEADER_WAIT`], until this node knows the membership
     /// group's leader (just after a start or a failover it may not yet).
     async fn wait_for_membership_leader(&self) {
@@ -80,7 +110,7 @@ impl AdminService {
     }
 
     /// Makes `change` if this node leads the membership group.
-    pub(crate) async fn change_members_here(
+    async fn change_members_here(
         &self,
         change: MemberChange,
     ) -> Result<v1::MembershipChangeResponse, MemberChangeError> {
@@ -92,7 +122,7 @@ impl AdminService {
 }
 
 /// The status a failed change of members is answered with.
-pub(crate) fn change_status(error: MemberChangeError) -> Status {
+fn change_status(error: MemberChangeError) -> Status {
     let message = error.to_string();
     match error {
         MemberChangeError::NotLeader { .. } | MemberChangeError::Raft(_) => {

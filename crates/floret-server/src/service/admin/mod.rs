@@ -47,7 +47,6 @@ mod queue_stats;
 mod sinks;
 
 pub(crate) use cluster_status::membership;
-pub(crate) use members::{change_status, member_change};
 use queue_stats::merge_queue_stats;
 
 /// Serves inspection of one node.

@@ -18,7 +18,6 @@ use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::outbound::credit_room;
-use super::peer_source::{PeerSource, follow_peer};
 use super::tenant_shares::{SourceShares, source_shares};
 use super::{
     FIRST_SPLIT_WAIT, Outbound, PeerEvent, REBALANCE_INTERVAL, SourceIndex, SourceRequest, Sources,
@@ -156,40 +155,6 @@ pub async fn serve(
 }
 
 impl Merge {
-    /// Adds every member not yet a source as one (all of them when the
-    /// merge begins, then each node that joins while it lives), and
-    /// follows its stream.
-    fn follow_new_members(&mut self) {
-        for node in self.peers.others() {
-            if self.nodes.contains(&node) {
-                continue;
-            }
-            let index = self.nodes.len();
-            let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
-            self.nodes.push(node);
-            self.peer_credits.push(credit_sender);
-            self.connected.push(false);
-            self.outstanding.push(0);
-            self.generations.push(0);
-            self.reports.push(None);
-            self.reported.push(None);
-            self.shares_sent.push(None);
-            self.last_heard.push(Instant::now());
-            self.split.add_source();
-            tokio::spawn(request_id::within_call(follow_peer(
-                PeerSource {
-                    index,
-                    node,
-                    queue: self.queue.clone(),
-                    owner: self.owner.clone(),
-                    peers: self.peers.clone(),
-                },
-                credit_receiver,
-                self.peer_events.clone(),
-            )));
-        }
-    }
-
     async fn run(
         mut self,
         inbound: Streaming<v1::ConsumeRequest>,

@@ -2,7 +2,8 @@
 //! own dispatcher (`Peer.Consume`, on its peer port) kept open while the
 //! merge lives, its deliveries and backlog reports passed in and the
 //! merge's credits passed out; a broken stream is opened again after a
-//! pause.
+//! pause. A node that joins while the merge lives becomes a source too
+//! ([`Merge::follow_new_members`]).
 
 use std::sync::Arc;
 
@@ -18,11 +19,50 @@ use tonic::{Status, Streaming};
 
 use crate::deliver::StreamOwner;
 use crate::service::convert::{self, STREAM_OWNER_METADATA, stream_owner_metadata};
+use crate::service::request_id;
+use tokio::time::Instant;
 
+use super::merge::Merge;
 use super::{
     CreditChange, MAX_DELIVERY_BYTES, OPEN_TIMEOUT, PeerEvent, RECONNECT_PAUSE, SourceIndex,
     SourceRequest,
 };
+
+impl Merge {
+    /// Adds every member not yet a source as one (all of them when the
+    /// merge begins, then each node that joins while it lives), and
+    /// follows its stream.
+    pub(super) fn follow_new_members(&mut self) {
+        for node in self.peers.others() {
+            if self.nodes.contains(&node) {
+                continue;
+            }
+            let index = self.nodes.len();
+            let (credit_sender, credit_receiver) = mpsc::unbounded_channel();
+            self.nodes.push(node);
+            self.peer_credits.push(credit_sender);
+            self.connected.push(false);
+            self.outstanding.push(0);
+            self.generations.push(0);
+            self.reports.push(None);
+            self.reported.push(None);
+            self.shares_sent.push(None);
+            self.last_heard.push(Instant::now());
+            self.split.add_source();
+            tokio::spawn(request_id::within_call(follow_peer(
+                PeerSource {
+                    index,
+                    node,
+                    queue: self.queue.clone(),
+                    owner: self.owner.clone(),
+                    peers: self.peers.clone(),
+                },
+                credit_receiver,
+                self.peer_events.clone(),
+            )));
+        }
+    }
+}
 
 /// One peer's dispatcher as a source of the merge.
 pub(super) struct PeerSource {

@@ -1,7 +1,8 @@
 //! The raft side of the peer service, below its handlers: which raft
 //! group a call is for, one append of an append stream handed to its
-//! group (checked against the stream's caller), and the small helpers the
-//! raft handlers share. The handlers themselves are `peer.rs`'s.
+//! group (checked against the stream's caller), taking a shard over from
+//! its leader, and the small helpers the raft handlers share. The
+//! handlers themselves are `peer.rs`'s.
 
 use floret_cluster::{Shards, decode, encode};
 use floret_proto::peer::v1::{self, raft_answer::Outcome};
@@ -14,6 +15,10 @@ use super::peer_identity::check_sender;
 use crate::error::RequestError;
 use crate::raft_inputs;
 use crate::request::InvalidRequest;
+
+/// The longest a node waits to catch up before it calls the election a
+/// stopping leader handed it.
+const MAX_TAKE_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The raft group of `shard` (or the membership group) on this node.
 pub(super) fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
@@ -72,5 +77,42 @@ pub(super) fn undecodable(error: postcard::Error) -> Status {
     Status::from(InvalidRequest::Undecodable {
         what: "raft message",
         reason: error.to_string(),
+    })
+}
+
+/// Takes `request`'s shard over from its leader, the node `caller` (the
+/// member the call's certificate names, if identified) must be: elects
+/// this replica once its log holds the leader's last entry, within the
+/// wait asked for (at most [`MAX_TAKE_OVER_WAIT`]). Answers the leader
+/// the shard settled on (0: none in time).
+pub(super) async fn take_over(
+    shards: &Shards,
+    caller: Option<NodeId>,
+    request: v1::TakeLeadershipRequest,
+) -> Result<v1::TakeLeadershipResponse, Status> {
+    let v1::TakeLeadershipRequest {
+        shard_id,
+        node_id,
+        leader_last_log_index,
+        wait_ms,
+    } = request;
+    check_sender(caller, node_id)?;
+    let leader = raft_of(shards, shard_id)?.metrics().borrow().current_leader;
+    if leader != Some(node_id) {
+        return Err(Status::failed_precondition(format!(
+            "node {node_id} does not lead shard {shard_id} as far as node {} knows (leader: {leader:?})",
+            shards.node_id()
+        )));
+    }
+    let elect_within = std::time::Duration::from_millis(wait_ms).min(MAX_TAKE_OVER_WAIT);
+    let leader = crate::leadership::rebalance::elect_once_caught_up(
+        shards,
+        shard_id,
+        leader_last_log_index,
+        elect_within,
+    )
+    .await;
+    Ok(v1::TakeLeadershipResponse {
+        leader_id: leader.unwrap_or(0),
     })
 }
