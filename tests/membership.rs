@@ -15,7 +15,10 @@ use floret_client::Client;
 use tokio::sync::watch;
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
-use super::rolling_restart::{Consumed, consume_steadily, percentile, produce_steadily};
+use super::rolling_restart::{
+    Consumed, collect_produced, consume_steadily, percentile, produce_steadily,
+    wait_for_every_delivery,
+};
 use super::{SHARDS, drain_through, produce_into, wait_for_acknowledged};
 
 const PRODUCERS: u64 = 6;
@@ -323,15 +326,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_producing.send_replace(true);
 
-    let mut acknowledged = HashSet::new();
-    let mut failures = Vec::new();
-    let mut call_times = Vec::new();
-    for producer in producers {
-        let produced = producer.await.unwrap();
-        acknowledged.extend(produced.acknowledged);
-        failures.extend(produced.failures);
-        call_times.extend(produced.call_times);
-    }
+    let (acknowledged, failures, call_times) = collect_produced(producers).await;
     assert!(failures.is_empty(), "produce calls failed: {failures:?}");
     let calls = call_times.len();
     let slowest = call_times.iter().max().copied().unwrap_or_default();
@@ -340,22 +335,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         p99 < MAX_PRODUCE_STALL_P99,
         "produce p99 {p99:?} over {calls} calls"
     );
-    eventually(
-        MOVE_DEADLINE,
-        "every acknowledged message delivered",
-        || {
-            let consumed = consumed.clone();
-            let acknowledged = &acknowledged;
-            async move {
-                let mut delivered = HashSet::new();
-                for record in &consumed {
-                    delivered.extend(record.lock().unwrap().delivered.iter().cloned());
-                }
-                acknowledged.is_subset(&delivered)
-            }
-        },
-    )
-    .await;
+    wait_for_every_delivery(&consumed, &acknowledged).await;
     stop_consuming.send_replace(true);
     for consumer in consumers {
         consumer.await.unwrap();

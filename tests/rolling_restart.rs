@@ -127,6 +127,43 @@ pub(super) async fn consume_steadily(
     }
 }
 
+/// What the producers' tasks saw, together: every acknowledged message,
+/// every failed call, every call's time.
+pub(super) async fn collect_produced(
+    producers: Vec<tokio::task::JoinHandle<Produced>>,
+) -> (HashSet<(String, u64)>, Vec<String>, Vec<Duration>) {
+    let mut acknowledged = HashSet::new();
+    let mut failures = Vec::new();
+    let mut call_times = Vec::new();
+    for producer in producers {
+        let produced = producer.await.unwrap();
+        acknowledged.extend(produced.acknowledged);
+        failures.extend(produced.failures);
+        call_times.extend(produced.call_times);
+    }
+    (acknowledged, failures, call_times)
+}
+
+/// Waits until the consumers of `consumed` were delivered every message
+/// of `acknowledged` (panics after [`DRAIN_DEADLINE`]).
+pub(super) async fn wait_for_every_delivery(
+    consumed: &[Arc<Mutex<Consumed>>],
+    acknowledged: &HashSet<(String, u64)>,
+) {
+    eventually(
+        DRAIN_DEADLINE,
+        "every acknowledged message delivered",
+        || async {
+            let mut delivered = HashSet::new();
+            for record in consumed {
+                delivered.extend(record.lock().unwrap().delivered.iter().cloned());
+            }
+            acknowledged.is_subset(&delivered)
+        },
+    )
+    .await;
+}
+
 pub(super) fn percentile(mut times: Vec<Duration>, fraction: f64) -> Duration {
     times.sort_unstable();
     let index = ((times.len() as f64 * fraction).ceil() as usize).clamp(1, times.len()) - 1;
@@ -199,15 +236,7 @@ async fn a_rolling_restart_failed_calls_or_stalled_producers_and_consumers() {
     stop_producing.send_replace(true);
     let stopped_producing = Instant::now();
 
-    let mut acknowledged = HashSet::new();
-    let mut failures = Vec::new();
-    let mut call_times = Vec::new();
-    for producer in producers {
-        let produced = producer.await.unwrap();
-        acknowledged.extend(produced.acknowledged);
-        failures.extend(produced.failures);
-        call_times.extend(produced.call_times);
-    }
+    let (acknowledged, failures, call_times) = collect_produced(producers).await;
     assert!(failures.is_empty(), "produce calls failed: {failures:?}");
     let calls = call_times.len();
     let slowest = call_times.iter().max().copied().unwrap_or_default();
@@ -217,22 +246,7 @@ async fn a_rolling_restart_failed_calls_or_stalled_producers_and_consumers() {
         "produce p99 {p99:?} over {calls} calls"
     );
 
-    eventually(
-        DRAIN_DEADLINE,
-        "every acknowledged message delivered",
-        || {
-            let consumed = consumed.clone();
-            let acknowledged = &acknowledged;
-            async move {
-                let mut delivered = HashSet::new();
-                for record in &consumed {
-                    delivered.extend(record.lock().unwrap().delivered.iter().cloned());
-                }
-                acknowledged.is_subset(&delivered)
-            }
-        },
-    )
-    .await;
+    wait_for_every_delivery(&consumed, &acknowledged).await;
     stop_consuming.send_replace(true);
     for consumer in consumers {
         consumer.await.unwrap();
