@@ -9,6 +9,9 @@
 #   deploy/local-cluster.sh restart N  # start node N again on its data dir
 #   deploy/local-cluster.sh add N      # make node N (> 3) a member and start it
 #   deploy/local-cluster.sh remove N   # remove node N; stop it once it has left
+#   deploy/local-cluster.sh replace N --with M
+#                                      # start node M (> 3, new) in node N's seat;
+#                                      # stop node N once it has left
 #
 # Environment: FLORET (binary; default target/release/floret, built if
 # missing), FLORET_DEV_DIR (data dirs, logs and pid files; default
@@ -79,6 +82,24 @@ wait_serving() {
     done
 }
 
+# Waits (5 minutes at most) until node $1 is no member by what node $2
+# says, then stops node $1 if it still runs.
+wait_left_then_stop() {
+    echo "waiting for node $1 to leave (its shards move to the others)..."
+    tries=0
+    while "$floret" --tls-ca "$certs/ca.pem" status --addr "$2" |
+        grep '^members at' | grep -q " $(peer_address "$1")"; do
+        tries=$((tries + 1))
+        if [ "$tries" -gt 300 ]; then
+            echo "node $1 has not left after 5 minutes; see floret status" >&2
+            exit 1
+        fi
+        sleep 1
+    done
+    signal_node TERM "$1"
+    echo "node $1 left the cluster and was stopped"
+}
+
 signal_node() {
     pid_file="$dir/node-$2.pid"
     if [ -f "$pid_file" ]; then
@@ -127,19 +148,24 @@ remove)
     id=${2:?node id}
     asked=$(other_node "$id")
     "$floret" --tls-ca "$certs/ca.pem" cluster remove-node "$id" --addr "$asked"
-    echo "waiting for node $id to leave (its shards move to the others)..."
-    tries=0
-    while "$floret" --tls-ca "$certs/ca.pem" status --addr "$asked" |
-        grep '^members at' | grep -q " $(peer_address "$id")"; do
-        tries=$((tries + 1))
-        if [ "$tries" -gt 300 ]; then
-            echo "node $id has not left after 5 minutes; see floret status" >&2
-            exit 1
-        fi
-        sleep 1
-    done
-    signal_node TERM "$id"
-    echo "node $id left the cluster and was stopped"
+    wait_left_then_stop "$id" "$asked"
+    ;;
+replace)
+    id=${2:?node id}
+    [ "${3:-}" = "--with" ] || { echo "usage: $0 replace N --with M" >&2; exit 2; }
+    new=${4:?new node id}
+    if [ "$new" -le 3 ]; then
+        echo "nodes 1-3 found the cluster; a replacement is node 4 or up" >&2
+        exit 2
+    fi
+    asked=$(other_node "$id")
+    "$floret" certs --out "$certs" --nodes "$new" >/dev/null
+    "$floret" --tls-ca "$certs/ca.pem" cluster replace-node "$id" --with "$new" \
+        --peer-addr "$(peer_address "$new")" --addr "$asked"
+    start_node "$new"
+    wait_serving "$new"
+    echo "node $new joined in node $id's seat; node $id's shards move to it"
+    wait_left_then_stop "$id" "$asked"
     ;;
 kill)
     signal_node KILL "${2:?node id}"
@@ -149,7 +175,7 @@ restart)
     start_node "$2"
     ;;
 *)
-    echo "usage: $0 start | stop | kill N | restart N | add N | remove N" >&2
+    echo "usage: $0 start | stop | kill N | restart N | add N | remove N | replace N --with M" >&2
     exit 2
     ;;
 esac

@@ -188,8 +188,9 @@ async fn a_node_stopped_gracefully_loses_what_it_led() {
     passes(Schedule::RollingRestart, 1).await;
 }
 
-/// Nodes added and members removed under load, one of them killed while
-/// shards still move to the new node: nothing is lost, the replicas agree.
+/// Nodes added under load, a member paused while shards move to one and
+/// then removed alive, another killed mid-move, wiped and replaced in its
+/// seat: nothing is lost, the replicas agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_message_lost_while_members_change() {
     passes(Schedule::MembershipChange, 2).await;

@@ -1,7 +1,8 @@
 //! Changing members while the cluster serves: a node added to a running
 //! three-node cluster takes the replicas the ring gives it, a member killed
 //! and then removed gives its replicas to the others, and every message
-//! acknowledged through the changes is still delivered after. Grown to
+//! acknowledged through the changes is still delivered after. A member
+//! killed and wiped is replaced by a new node that takes its seat. Grown to
 //! five and shrunk back to three (one node dead, one alive) under 10
 //! idempotent producers and 3 consumers given the first three addresses,
 //! no produce call fails, the p99 stays under 2 s, and the replicas agree.
@@ -150,6 +151,110 @@ async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_remove
     }
     let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
     drain_through(cluster.client(4), &expected).await;
+}
+
+/// Each member's id and seat, as the cluster status through `client`
+/// reports them.
+async fn member_seats(client: &Client) -> Vec<(u64, u64)> {
+    let status = client.cluster_status().await.expect("cluster status");
+    status
+        .membership
+        .expect("a membership")
+        .members
+        .iter()
+        .map(|member| (member.node_id, member.seat))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_message_lost_when_a_wiped_node_is_replaced_by_a_new_one() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    cluster.wait_for_preferred_leaders(1).await;
+    let client = cluster.client_of(&cluster.addresses());
+    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|n| {
+            tokio::spawn(produce_into(
+                client.clone(),
+                format!("p{n}"),
+                u64::MAX,
+                5,
+                Duration::from_millis(20),
+                acknowledged.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    wait_for_acknowledged(&acknowledged, 200, "before node 2 dies").await;
+
+    cluster.kill(2);
+    std::fs::remove_dir_all(cluster.data_dir(2)).expect("wipe node 2's data dir");
+    let peer_address = cluster.next_peer_address();
+    let membership = cluster
+        .client(1)
+        .replace_node(2, 4, &peer_address)
+        .await
+        .expect("replace the dead node 2 by node 4");
+    let seats: Vec<(u64, u64, bool)> = membership
+        .members
+        .iter()
+        .map(|m| (m.node_id, m.seat, m.leaving))
+        .collect();
+    assert_eq!(
+        seats,
+        [(1, 1, false), (2, 2, true), (3, 3, false), (4, 2, false)]
+    );
+    let again = cluster
+        .client(3)
+        .replace_node(2, 4, &peer_address)
+        .await
+        .expect("the same replacement again changes nothing");
+    assert_eq!(again.members.len(), 4);
+    let refused = cluster
+        .client(1)
+        .replace_node(3, 1, &peer_address)
+        .await
+        .expect_err("a member cannot replace another");
+    assert!(
+        refused.to_string().contains("already a member"),
+        "{refused}"
+    );
+    assert_eq!(tokio::task::block_in_place(|| cluster.join()), 4);
+    wait_for_replicas_on(
+        &cluster.client(1),
+        &[1, 3, 4],
+        "every shard at three replicas over nodes 1, 3 and 4",
+    )
+    .await;
+    let client_4 = cluster.client(4);
+    eventually(MOVE_DEADLINE, "node 2 out of the membership group", || {
+        let client_4 = client_4.clone();
+        async move { member_ids(&client_4).await == [1, 3, 4] }
+    })
+    .await;
+    assert_eq!(member_seats(&client_4).await, [(1, 1), (3, 3), (4, 2)]);
+    let status = client_4.cluster_status().await.expect("cluster status");
+    let nodes: Vec<u64> = status.nodes.iter().map(|node| node.node_id).collect();
+    assert!(nodes.contains(&4), "node 4 in the status: {nodes:?}");
+    let refused = cluster
+        .client(1)
+        .add_node(2, &cluster.peer_address(2))
+        .await
+        .expect_err("node 2's seat is node 4's now");
+    assert!(refused.to_string().contains("seat 2"), "{refused}");
+    let before_stop = acknowledged.lock().unwrap().len();
+    wait_for_acknowledged(&acknowledged, before_stop + 200, "after node 4 took over").await;
+
+    stop.store(true, Ordering::Relaxed);
+    for producer in producers {
+        producer.await.unwrap().expect("every produce acknowledged");
+    }
+    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    drain_through(cluster.client(4), &expected).await;
+    wait_for_equal_digests(&cluster, &[1, 3, 4]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

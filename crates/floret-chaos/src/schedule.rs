@@ -81,10 +81,12 @@ pub enum Schedule {
     /// other replicas and drains) and started again, one after another.
     RollingRestart,
     /// A new node added (`floret cluster add-node`, then started with
-    /// `--join`); then a member other than node 1 removed: on even rounds
-    /// once the shards settled, alive, and stopped after it left; on odd
-    /// rounds killed while the shards still move to the new node, and
-    /// removed dead.
+    /// `--join`), then a member other than node 1 taken out. On even rounds
+    /// that member is paused past the election timeout while the shards
+    /// move to the new node, and once they settled, removed alive and
+    /// stopped after it left. On odd rounds it is killed while the shards
+    /// still move, its data dir wiped, and replaced by another new node in
+    /// its seat (`floret cluster replace-node`).
     MembershipChange,
 }
 
@@ -314,9 +316,15 @@ impl Schedule {
     }
 }
 
+/// How long a member stays paused while shards move to a new node: past
+/// the election timeout, so the shards it leads elect other leaders.
+const PAUSE_WHILE_MOVING: Duration = Duration::from_secs(3);
+
 /// One round of [`Schedule::MembershipChange`]: adds the next new node,
-/// then removes the lowest member other than node 1 (which the workload's
-/// clients keep reaching), alive on even rounds, killed mid-move on odd.
+/// then takes out the lowest member other than node 1 (which the
+/// workload's clients keep reaching): on even rounds paused while shards
+/// move, then removed alive; on odd rounds killed mid-move, wiped, and
+/// replaced by a new node in its seat.
 async fn change_members(
     round: u32,
     cluster: &mut Cluster,
@@ -333,27 +341,47 @@ async fn change_members(
     fault(format!("add node {new_node}"), false);
     let began = tokio::time::Instant::now();
     cluster.add_member(new_node).await?;
-    if round.is_multiple_of(2) {
+    let (taking_out, taken_out_at) = if round.is_multiple_of(2) {
+        fault(
+            format!("pause node {victim} while shards move to node {new_node}"),
+            true,
+        );
+        cluster.set_paused(victim, true).await?;
+        tokio::time::sleep(PAUSE_WHILE_MOVING).await;
+        cluster.set_paused(victim, false).await?;
         cluster.wait_for_placement(MOVE_DEADLINE).await?;
         observed.push(format!(
-            "node {new_node} joined; shards settled in {:.1} s",
+            "node {new_node} joined (node {victim} paused {PAUSE_WHILE_MOVING:?} meanwhile); shards settled in {:.1} s",
             began.elapsed().as_secs_f64()
         ));
         fault(format!("remove node {victim} (alive)"), true);
+        let removing = tokio::time::Instant::now();
+        cluster.remove_member(victim, MOVE_DEADLINE).await?;
+        (format!("node {victim} removed alive"), removing)
     } else {
+        let replacement = new_node + 1;
         fault(
-            format!("kill node {victim} while shards move, and remove it"),
+            format!(
+                "kill node {victim} while shards move, wipe it, and replace it by node {replacement}"
+            ),
             true,
         );
         cluster.kill(victim).await;
-    }
-    let removing = tokio::time::Instant::now();
-    cluster.remove_member(victim, MOVE_DEADLINE).await?;
+        cluster.wipe(victim)?;
+        let replacing = tokio::time::Instant::now();
+        cluster
+            .replace_member(victim, replacement, MOVE_DEADLINE)
+            .await?;
+        (
+            format!("node {victim} (killed, wiped) replaced by node {replacement}"),
+            replacing,
+        )
+    };
     cluster.wait_for_placement(MOVE_DEADLINE).await?;
     observed.push(format!(
-        "node {victim} removed; shards settled on {:?} in {:.1} s",
+        "{taking_out}; shards settled on {:?} in {:.1} s",
         cluster.ids(),
-        removing.elapsed().as_secs_f64()
+        taken_out_at.elapsed().as_secs_f64()
     ));
     Ok(observed)
 }

@@ -1,7 +1,8 @@
 //! `floret cluster`: changes of members. `add-node` makes a node a member
 //! (start it with `--join` before or after), `remove-node` takes one out,
-//! alive or dead; both print the members once the change is committed,
-//! and the shards then move. `moves` lists the shards whose replicas are
+//! alive or dead, and `replace-node` puts a new node in a member's seat,
+//! so it takes exactly that member's shards; each prints the members once
+//! the change is committed, and the shards then move. `moves` lists the shards whose replicas are
 //! not yet where the members place them, with each new replica's lag.
 
 use floret_client::ClusterStatusResponse;
@@ -37,6 +38,22 @@ enum ClusterCommand {
         #[arg(long, default_value = DEFAULT_ADDRESS)]
         addr: String,
     },
+    /// Replace a member, alive or dead, by a new node (a new id, an empty
+    /// data dir) that takes exactly its shards; start the new node with
+    /// --join.
+    ReplaceNode {
+        /// The member replaced.
+        id: u64,
+        /// The new node's id (its --node-id).
+        #[arg(long)]
+        with: u64,
+        /// Where the other nodes dial the new node: its peer port, host:port.
+        #[arg(long)]
+        peer_addr: String,
+        /// A member to ask.
+        #[arg(long, default_value = DEFAULT_ADDRESS)]
+        addr: String,
+    },
     /// The shards moving to their new replicas, with the new replicas' lag.
     Moves {
         /// A member to ask.
@@ -53,6 +70,16 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             addr,
         } => crate::dial(&addr)?.add_node(id, &peer_addr).await?,
         ClusterCommand::RemoveNode { id, addr } => crate::dial(&addr)?.remove_node(id).await?,
+        ClusterCommand::ReplaceNode {
+            id,
+            with,
+            peer_addr,
+            addr,
+        } => {
+            crate::dial(&addr)?
+                .replace_node(id, with, &peer_addr)
+                .await?
+        }
         ClusterCommand::Moves { addr } => {
             let status = crate::dial(&addr)?.cluster_status().await?;
             println!(

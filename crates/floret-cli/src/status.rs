@@ -43,6 +43,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 "members": m.members.iter().map(|member| serde_json::json!({
                     "node_id": member.node_id, "peer_address": member.peer_address, "voter": member.voter,
                     "leaving": member.leaving,
+                    "seat": member.seat,
                 })).collect::<Vec<_>>(),
             })),
             "shards": cluster.shards.iter().map(|s| serde_json::json!({
@@ -235,8 +236,13 @@ pub(crate) fn members_line(membership: Option<&floret_client::Membership>) -> St
                 (false, false) => " (learner)",
                 (true, false) => "",
             };
+            let seat = if member.seat != 0 && member.seat != member.node_id {
+                format!(" (in seat {})", member.seat)
+            } else {
+                String::new()
+            };
             format!(
-                "{}{leader} {}{learner}",
+                "{}{leader} {}{seat}{learner}",
                 member.node_id, member.peer_address
             )
         })

@@ -59,6 +59,25 @@ impl Client {
         Ok(answer.membership.unwrap_or_default())
     }
 
+    /// Replaces member `node_id`, alive or dead, by node `with_node_id`
+    /// (a new id), dialled at `peer_address`, in its seat: the new node
+    /// takes exactly the old one's shards. Answers with the members once the
+    /// change is committed. Start the new node with `--join`.
+    pub async fn replace_node(
+        &self,
+        node_id: u64,
+        with_node_id: u64,
+        peer_address: &str,
+    ) -> Result<v1::Membership, ClientError> {
+        let request = v1::ReplaceNodeRequest {
+            node_id,
+            with_node_id,
+            peer_address: peer_address.to_owned(),
+        };
+        let answer = self.admin.clone().replace_node(request).await?.into_inner();
+        Ok(answer.membership.unwrap_or_default())
+    }
+
     /// Per-queue and per-producer statistics of the whole cluster (`queue`
     /// empty = all queues).
     pub async fn queue_stats(&self, queue: &str) -> Result<QueueStatsResponse, ClientError> {

@@ -4,13 +4,13 @@
 //! placements are given.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - Nothing carries the moves out yet: members are still fixed at a
-//!   cluster's first start (`docs/design.md`, "Membership").
+//! - Each shard's leader carries its own move out (`move_steps.rs`, and the
+//!   server's move driver); this module only measures what a change asks.
 //! - A change of preferred leader alone is not a move: leadership follows
 //!   the placement through the hand-back, as after any restart.
-//! - A replacement moves exactly the replaced node's replicas only when the
-//!   new node takes its seat ([`ReplicaPlacement::seated`]); nothing
-//!   records seats yet.
+//! - A replacement moves exactly the replaced node's replicas when the new
+//!   node takes its seat ([`ReplicaPlacement::seated`], `floret cluster
+//!   replace-node`); as a leave and a join it moves more.
 
 use floret_store::{NodeId, ShardId};
 

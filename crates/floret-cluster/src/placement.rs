@@ -20,8 +20,8 @@
 //!
 //! IMPLEMENTATION CAVEATS
 //! - The shard count is fixed for the life of a data dir; no shard split yet.
-//! - The member list is static configuration: adding a node to a running
-//!   cluster moves replica sets, and no membership change is run for that yet.
+//! - The members and their seats come from the membership group
+//!   (`shards/members.rs`); this module only computes from them.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};

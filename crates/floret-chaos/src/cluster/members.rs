@@ -1,9 +1,9 @@
 //! Changing a [`Cluster`]'s members the way an operator does: a new node
 //! (with a certificate of the cluster's CA, over TLS) made a member
 //! through the admin API and started with `--join`, a member
-//! removed (alive or killed first) and, once it has left, forgotten here;
-//! and waiting until every shard's replicas are where the members place
-//! them.
+//! removed (alive or killed first) or replaced by a new node in its seat
+//! and, once it has left, forgotten here; and waiting until every shard's
+//! replicas are where the members place them.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A joined node's peer links do not run through proxies: the other
@@ -25,13 +25,55 @@ impl Cluster {
     /// Makes node `id` (a new id) a member through a serving node, starts
     /// it with `--join` and waits until it serves.
     pub async fn add_member(&mut self, id: NodeId) -> anyhow::Result<()> {
+        let (node, peer_address) = self.new_node(id)?;
+        self.serving_client()?
+            .add_node(id, &peer_address)
+            .await
+            .with_context(|| format!("add node {id}"))?;
+        self.start_joined(id, node).await
+    }
+
+    /// Removes member `id` through a serving node (it may be down), waits
+    /// until it has left the membership group, and forgets it: it is
+    /// stopped if it runs and is no longer one of [`Cluster::ids`] (a
+    /// founding node's proxies stay: the founders' `--peers` name it still).
+    pub async fn remove_member(&mut self, id: NodeId, within: Duration) -> anyhow::Result<()> {
+        self.serving_client_except(id)?
+            .remove_node(id)
+            .await
+            .with_context(|| format!("remove node {id}"))?;
+        self.forget_once_left(id, within).await
+    }
+
+    /// Replaces member `id` (it may be down) by node `with` (a new id) in
+    /// its seat through a serving node, starts `with` with `--join`, waits
+    /// until it serves, and forgets `id` once it has left as
+    /// [`Cluster::remove_member`] does.
+    pub async fn replace_member(
+        &mut self,
+        id: NodeId,
+        with: NodeId,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let (node, peer_address) = self.new_node(with)?;
+        self.serving_client_except(id)?
+            .replace_node(id, with, &peer_address)
+            .await
+            .with_context(|| format!("replace node {id} by node {with}"))?;
+        self.start_joined(with, node).await?;
+        self.forget_once_left(id, within).await
+    }
+
+    /// A node `id` (a new id, with a certificate over TLS) on free loopback
+    /// ports, not started, and its peer address.
+    fn new_node(&self, id: NodeId) -> anyhow::Result<(Node, String)> {
+        if self.nodes.contains_key(&id) {
+            bail!("node {id} is already one of the cluster's");
+        }
         if let Some(certs) = &self.certs {
             certs
                 .add_node(&self.spec.binary, id)
                 .map_err(anyhow::Error::msg)?;
-        }
-        if self.nodes.contains_key(&id) {
-            bail!("node {id} is already one of the cluster's");
         }
         let ports = crate::ports::free_loopback_ports(2)?;
         let node = Node {
@@ -41,27 +83,21 @@ impl Cluster {
             paused: false,
         };
         let peer_address = node.peer_address.to_string();
-        let asked = self.serving_client()?;
-        asked
-            .add_node(id, &peer_address)
-            .await
-            .with_context(|| format!("add node {id}"))?;
+        Ok((node, peer_address))
+    }
+
+    /// Starts `node`, a member now, as node `id` with `--join` and waits
+    /// until it serves.
+    async fn start_joined(&mut self, id: NodeId, node: Node) -> anyhow::Result<()> {
         self.joined.insert(id);
         self.nodes.insert(id, node);
         self.spawn(id, "")?;
         self.wait_ready(id).await
     }
 
-    /// Removes member `id` through a serving node (it may be down), waits
-    /// until it has left the membership group, and forgets it: it is
-    /// stopped if it runs and is no longer one of [`Cluster::ids`] (a
-    /// founding node's proxies stay: the founders' `--peers` name it still).
-    pub async fn remove_member(&mut self, id: NodeId, within: Duration) -> anyhow::Result<()> {
-        let asked = self.serving_client_except(id)?;
-        asked
-            .remove_node(id)
-            .await
-            .with_context(|| format!("remove node {id}"))?;
+    /// Waits until member `id` has left the membership group, then stops it
+    /// if it runs and forgets it.
+    async fn forget_once_left(&mut self, id: NodeId, within: Duration) -> anyhow::Result<()> {
         let left = poll(within, Duration::from_millis(200), || async {
             let status = self.status_except(id).await?;
             let membership = status.membership?;

@@ -1,24 +1,25 @@
-//! Changing the members: adding a node and removing one, on the membership
-//! group's leader. Each change is checked first ([`check_change`]: no
-//! shrink below the replication factor, a live majority for every shard
-//! that moves), then committed as the group's own configuration. The
-//! placement, the peers and the shard moves follow from that on every
-//! node (`members.rs`, and the server's move driver).
+//! Changing the members: adding a node, removing one, and replacing one
+//! by a new node in its seat, on the membership group's leader. Each change
+//! is checked first ([`check_change`]: no shrink below the replication
+//! factor, a live majority for every shard that moves), then committed as
+//! the group's own configuration. The placement, the peers and the shard
+//! moves follow from that on every node (`members.rs`, and the server's
+//! move driver).
 //!
 //! A removed member is first marked leaving (and loses its vote here); it
 //! leaves the group once no shard holds a replica on it
 //! ([`Shards::forget_leaving_member`], which the server calls when every
-//! shard's leader says so).
+//! shard's leader says so). A replaced member leaves the same way, in the
+//! same configuration change that seats the new node in its seat, so
+//! exactly its replicas move to the new node.
 //!
 //! The group's voters are the first [`MAX_MEMBERSHIP_VOTERS`] members to
 //! join that are still members; the rest follow it as learners
 //! ([`membership_voters`]).
 //!
 //! IMPLEMENTATION CAVEATS
-//! - A node replacing another takes a seat of its own: replacing in place
-//!   (`placement.rs` seats) is not offered yet.
 //! - Changes do not wait for the shards to finish moving; `floret status`
-//!   shows where each shard's replicas are.
+//!   and `floret cluster moves` show where each shard's replicas are.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,6 +49,16 @@ pub enum MemberChange {
     Remove {
         /// The member's id.
         node: NodeId,
+    },
+    /// Make `with` a member, dialled at `peer_address`, in the seat of
+    /// `node`, which becomes a member no more.
+    Replace {
+        /// The member replaced.
+        node: NodeId,
+        /// The new member's id.
+        with: NodeId,
+        /// Its peer port, `host:port`.
+        peer_address: String,
     },
 }
 
@@ -93,8 +104,9 @@ pub fn membership_voters(
 impl Shards {
     /// Makes `change` on the membership group, which this node must lead.
     /// Returns the members after it. A change already made (the node is a
-    /// member at that address, or leaving, or no member) changes nothing
-    /// but the voters, if a change cut off before left them behind.
+    /// member at that address in that seat, or leaving, or no member)
+    /// changes nothing but the voters, if a change cut off before left them
+    /// behind.
     pub async fn change_members(
         &self,
         change: MemberChange,
@@ -114,71 +126,97 @@ impl Shards {
             .filter(|member| member.voter)
             .map(|member| member.id)
             .collect();
-        let placed_before: BTreeSet<NodeId> = before.placed().into_iter().collect();
-        let raft_error = |error: String| MemberChangeError::Raft(error);
-        let set_record = |node: NodeId, peer_address: &str, leaving: bool| {
-            let records = BTreeMap::from([(node, member_record(peer_address, leaving))]);
-            raft.change_membership(ChangeMembers::SetNodes(records), true)
-        };
-        let placed_after = match change {
+        let seats_before = before.seats();
+        let mut seats_after = seats_before.clone();
+        let mut records = BTreeMap::new();
+        match change {
             MemberChange::Add { node, peer_address } => {
-                if node == 0 {
-                    return Err(MemberChangeError::Invalid("node ids are > 0".into()));
-                }
-                if peer_address.trim().is_empty() || peer_address.contains(' ') {
-                    return Err(MemberChangeError::Invalid(format!(
-                        "a new member needs the peer address the others dial, host:port, not {peer_address:?}"
-                    )));
-                }
-                let mut placed_after = placed_before.clone();
-                placed_after.insert(node);
-                match before.members.iter().find(|member| member.id == node) {
+                check_new_member(node, &peer_address)?;
+                match before.member(node) {
                     Some(member) if member.peer_address == peer_address && !member.leaving => {}
                     Some(member) => {
-                        if member.leaving {
-                            self.check_member_change(&placed_before, &placed_after)?;
-                        }
-                        tracing::info!(node, %peer_address, was_leaving = member.leaving, "a member's record changes");
-                        set_record(node, &peer_address, false)
-                            .await
-                            .map_err(|e| raft_error(e.to_string()))?;
+                        seat_free_for(&seats_before, member.seat, node)?;
+                        seats_after.insert(member.seat, node);
+                        records
+                            .insert(node, member_record(node, &peer_address, member.seat, false));
                     }
                     None => {
-                        self.check_member_change(&placed_before, &placed_after)?;
-                        tracing::info!(node, %peer_address, "adding a member");
-                        raft.add_learner(node, member_record(&peer_address, false), false)
-                            .await
-                            .map_err(|e| raft_error(e.to_string()))?;
+                        seat_free_for(&seats_before, node, node)?;
+                        seats_after.insert(node, node);
+                        records.insert(node, member_record(node, &peer_address, node, false));
                     }
                 }
-                placed_after
             }
             MemberChange::Remove { node } => {
-                let Some(member) = before.members.iter().find(|member| member.id == node) else {
-                    return Ok(before);
-                };
-                let mut placed_after = placed_before.clone();
-                placed_after.remove(&node);
-                if !member.leaving {
-                    self.check_member_change(&placed_before, &placed_after)?;
-                    tracing::info!(
+                if let Some(member) = before.member(node).filter(|member| !member.leaving) {
+                    seats_after.remove(&member.seat);
+                    records.insert(
                         node,
-                        "removing a member: it leaves once no shard holds a replica on it"
+                        member_record(node, &member.peer_address, member.seat, true),
                     );
-                    set_record(node, &member.peer_address, true)
-                        .await
-                        .map_err(|e| raft_error(e.to_string()))?;
                 }
-                placed_after
             }
-        };
-        let voters = membership_voters(&voters_now, &placed_after);
+            MemberChange::Replace {
+                node,
+                with,
+                peer_address,
+            } => {
+                check_new_member(with, &peer_address)?;
+                if node == with {
+                    return Err(MemberChangeError::Invalid(format!(
+                        "node {node} cannot replace itself: give the new node a new id"
+                    )));
+                }
+                let seat = match (before.member(node), before.member(with)) {
+                    (_, Some(new)) if new.peer_address == peer_address && !new.leaving => {
+                        // Made before: only the old member's mark may be missing.
+                        new.seat
+                    }
+                    (_, Some(_)) => {
+                        return Err(MemberChangeError::Invalid(format!(
+                            "node {with} is already a member: a replacement needs a new id"
+                        )));
+                    }
+                    (Some(old), None) => old.seat,
+                    (None, None) => {
+                        return Err(MemberChangeError::Invalid(format!(
+                            "node {node} is not a member"
+                        )));
+                    }
+                };
+                if let Some(old) = before.member(node).filter(|old| !old.leaving) {
+                    records.insert(node, member_record(node, &old.peer_address, old.seat, true));
+                }
+                if before.member(with).is_none() {
+                    if seats_before.contains_key(&with) {
+                        return Err(MemberChangeError::Invalid(format!(
+                            "{with} is the seat of a member: a replacement needs an id no member sits as"
+                        )));
+                    }
+                    seat_free_for(&seats_before, seat, node)?;
+                    records.insert(with, member_record(with, &peer_address, seat, false));
+                }
+                seats_after.insert(seat, with);
+            }
+        }
+        if !records.is_empty() {
+            self.check_member_change(&seats_before, &seats_after)?;
+            tracing::info!(
+                records = ?records,
+                "changing the members: placed after, by seat, {seats_after:?}"
+            );
+            raft.change_membership(ChangeMembers::SetNodes(records), true)
+                .await
+                .map_err(|e| MemberChangeError::Raft(e.to_string()))?;
+        }
+        let members_after: BTreeSet<NodeId> = seats_after.values().copied().collect();
+        let voters = membership_voters(&voters_now, &members_after);
         if voters != voters_now {
             // A voter that leaves stays a learner: the configurations that
             // follow still reach it.
             raft.change_membership(voters, true)
                 .await
-                .map_err(|e| raft_error(e.to_string()))?;
+                .map_err(|e| MemberChangeError::Raft(e.to_string()))?;
         }
         Ok(self.members_view())
     }
@@ -213,16 +251,17 @@ impl Shards {
             .map_err(|e| MemberChangeError::Raft(e.to_string()))
     }
 
-    /// Refuses a change from `members_before` to `members_after` that
-    /// [`check_change`] finds unsafe, judging liveness by the gossip view
-    /// (a member it has not declared dead counts as live).
+    /// Refuses a change from the members in `seats_before` to those in
+    /// `seats_after` that [`check_change`] finds unsafe, judging liveness
+    /// by the gossip view (a member it has not declared dead counts as
+    /// live).
     fn check_member_change(
         &self,
-        members_before: &BTreeSet<NodeId>,
-        members_after: &BTreeSet<NodeId>,
+        seats_before: &BTreeMap<NodeId, NodeId>,
+        seats_after: &BTreeMap<NodeId, NodeId>,
     ) -> Result<(), ChangeRefused> {
-        let before: Vec<NodeId> = members_before.iter().copied().collect();
-        let after: Vec<NodeId> = members_after.iter().copied().collect();
+        let before: Vec<NodeId> = seats_before.values().copied().collect();
+        let after: Vec<NodeId> = seats_after.values().copied().collect();
         let shard_count = self.placement.shard_count();
         let live: BTreeSet<NodeId> = before
             .iter()
@@ -230,14 +269,43 @@ impl Shards {
             .copied()
             .filter(|&node| node == self.node_id() || self.liveness(node) != Some(Liveness::Dead))
             .collect();
+        let placement =
+            |seats| ReplicaPlacement::seated(shard_count, seats, self.replication_factor);
         check_change(
-            &ReplicaPlacement::new(shard_count, &before, self.replication_factor),
-            &ReplicaPlacement::new(shard_count, &after, self.replication_factor),
+            &placement(seats_before),
+            &placement(seats_after),
             &before,
             &after,
             self.replication_factor,
             &live,
         )
+    }
+}
+
+/// Refuses a new member's id or peer address that cannot be one.
+fn check_new_member(node: NodeId, peer_address: &str) -> Result<(), MemberChangeError> {
+    if node == 0 {
+        return Err(MemberChangeError::Invalid("node ids are > 0".into()));
+    }
+    if peer_address.trim().is_empty() || peer_address.contains(' ') {
+        return Err(MemberChangeError::Invalid(format!(
+            "a new member needs the peer address the others dial, host:port, not {peer_address:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses to seat `node` in `seat` when another member sits there.
+fn seat_free_for(
+    seats: &BTreeMap<NodeId, NodeId>,
+    seat: NodeId,
+    node: NodeId,
+) -> Result<(), MemberChangeError> {
+    match seats.get(&seat) {
+        Some(&sitting) if sitting != node => Err(MemberChangeError::Invalid(format!(
+            "node {sitting} sits in seat {seat}, where node {seat} was: choose an id that is no member's seat"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -8,16 +8,18 @@
 //! A member being removed stays in the group, marked leaving, until no
 //! shard holds a replica on it: the shards are placed over the members
 //! that are not leaving, so every leader (the leaving node's own
-//! included, which receives the mark) moves replicas off it. Each member's
-//! record is its peer address, followed by [`LEAVING_MARK`] while it leaves
-//! (in openraft's `BasicNode.addr`).
+//! included, which receives the mark) moves replicas off it.
+//!
+//! Each member sits in a seat of the placement ring (`placement.rs`): its
+//! own id, or the seat of the member it replaced, whose replicas it takes.
+//! A member's record (openraft's `BasicNode.addr`) is its peer address,
+//! then ` seat=N` when it sits in a seat not its own, then
+//! [`LEAVING_MARK`] while it leaves.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - It is the configuration this replica acts on, the latest it holds,
 //!   which may not be committed yet.
 //! - A node's client address is not in it: the gossip view carries those.
-//! - Every member sits in its own seat: replacing a node in its seat
-//!   (`placement.rs`) is not recorded yet.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -28,20 +30,39 @@ use openraft::BasicNode;
 use super::{MEMBERSHIP_GROUP, Shards, ShardsError};
 use crate::placement::ReplicaPlacement;
 
-/// What follows a leaving member's peer address in its record.
+/// What ends a leaving member's record.
 pub const LEAVING_MARK: &str = " leaving";
 
-/// A member's record in the membership group's configuration.
-pub(super) fn member_record(peer_address: &str, leaving: bool) -> BasicNode {
+/// What precedes the seat in the record of a member that sits in a seat
+/// not its own.
+const SEAT_MARK: &str = " seat=";
+
+/// The record of member `node`, dialled at `peer_address`, in `seat`.
+pub(super) fn member_record(
+    node: NodeId,
+    peer_address: &str,
+    seat: NodeId,
+    leaving: bool,
+) -> BasicNode {
+    let seat = if seat == node {
+        String::new()
+    } else {
+        format!("{SEAT_MARK}{seat}")
+    };
     let mark = if leaving { LEAVING_MARK } else { "" };
-    BasicNode::new(format!("{peer_address}{mark}"))
+    BasicNode::new(format!("{peer_address}{seat}{mark}"))
 }
 
-/// A member's peer address and whether it is leaving, from its record.
-fn read_member_record(record: &BasicNode) -> (&str, bool) {
-    match record.addr.strip_suffix(LEAVING_MARK) {
-        Some(peer_address) => (peer_address, true),
+/// Member `node`'s peer address, seat, and whether it is leaving, from its
+/// record. A seat that does not read as an id is the member's own.
+fn read_member_record(node: NodeId, record: &BasicNode) -> (&str, NodeId, bool) {
+    let (rest, leaving) = match record.addr.strip_suffix(LEAVING_MARK) {
+        Some(rest) => (rest, true),
         None => (record.addr.as_str(), false),
+    };
+    match rest.split_once(SEAT_MARK) {
+        Some((peer_address, seat)) => (peer_address, seat.parse().unwrap_or(node), leaving),
+        None => (rest, node, leaving),
     }
 }
 
@@ -57,6 +78,9 @@ pub struct Member {
     /// Whether it is being removed: no shard is placed on it, and it leaves
     /// the group once no shard holds a replica on it.
     pub leaving: bool,
+    /// The seat it sits in on the placement ring: its own id, or the seat
+    /// of the member it replaced.
+    pub seat: NodeId,
 }
 
 /// The member list at one epoch.
@@ -88,12 +112,13 @@ impl Shards {
                 .membership()
                 .nodes()
                 .map(|(&id, record)| {
-                    let (peer_address, leaving) = read_member_record(record);
+                    let (peer_address, seat, leaving) = read_member_record(id, record);
                     Member {
                         id,
                         peer_address: peer_address.to_owned(),
                         voter: voters.contains(&id),
                         leaving,
+                        seat,
                     }
                 })
                 .collect(),
@@ -102,13 +127,20 @@ impl Shards {
 }
 
 impl MembersView {
-    /// The members shards are placed on: those not leaving, in id order.
-    pub fn placed(&self) -> Vec<NodeId> {
+    /// The seats of the members shards are placed on, each with its member.
+    /// Changes never seat two such members in one seat; were it so, the
+    /// higher id would hold the seat.
+    pub fn seats(&self) -> BTreeMap<NodeId, NodeId> {
         self.members
             .iter()
             .filter(|member| !member.leaving)
-            .map(|member| member.id)
+            .map(|member| (member.seat, member.id))
             .collect()
+    }
+
+    /// The member `node`, if it is one.
+    pub fn member(&self, node: NodeId) -> Option<&Member> {
+        self.members.iter().find(|member| member.id == node)
     }
 }
 
@@ -121,8 +153,8 @@ impl Shards {
     /// it leads move away from it.
     pub fn follow_members(&self) -> Result<bool, ShardsError> {
         let view = self.members_view();
-        let placed = view.placed();
-        if view.epoch.is_none() || placed.is_empty() {
+        let seats = view.seats();
+        if view.epoch.is_none() || seats.is_empty() {
             return Ok(false);
         }
         let me = self.node_id();
@@ -149,18 +181,19 @@ impl Shards {
             .replicas
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let placement_changed = replicas.members() != placed;
+        let placement = ReplicaPlacement::seated(
+            self.placement.shard_count(),
+            &seats,
+            self.replication_factor,
+        );
+        let placement_changed = **replicas != placement;
         if placement_changed {
-            *replicas = Arc::new(ReplicaPlacement::new(
-                self.placement.shard_count(),
-                &placed,
-                self.replication_factor,
-            ));
             tracing::info!(
                 epoch = view.epoch,
-                placed = ?placed,
+                placement = placement.description(),
                 "shards placed over the members at this epoch"
             );
+            *replicas = Arc::new(placement);
         }
         Ok(peers_changed || placement_changed)
     }
@@ -183,5 +216,33 @@ impl Shards {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_as_written_seat_and_mark_included() {
+        for (node, seat, leaving) in [(4, 4, false), (4, 2, false), (4, 4, true), (4, 2, true)] {
+            let record = member_record(node, "10.0.0.4:7801", seat, leaving);
+            assert_eq!(
+                read_member_record(node, &record),
+                ("10.0.0.4:7801", seat, leaving)
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_written_before_seats_were_recorded_reads_as_the_members_own_seat() {
+        assert_eq!(
+            read_member_record(3, &BasicNode::new("127.0.0.1:9003 leaving")),
+            ("127.0.0.1:9003", 3, true)
+        );
+        assert_eq!(
+            member_record(3, "127.0.0.1:9003", 3, false),
+            BasicNode::new("127.0.0.1:9003")
+        );
     }
 }

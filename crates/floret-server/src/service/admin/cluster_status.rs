@@ -31,6 +31,7 @@ pub(crate) fn membership(view: MembersView) -> v1::Membership {
                 peer_address: member.peer_address,
                 voter: member.voter,
                 leaving: member.leaving,
+                seat: member.seat,
             })
             .collect(),
     }

@@ -1,5 +1,5 @@
-//! Adding and removing members for an administrator (`Admin.AddNode`,
-//! `Admin.RemoveNode`): the change is made on the membership group's
+//! Adding, removing and replacing members for an administrator
+//! (`Admin.AddNode`, `RemoveNode`, `ReplaceNode`): the change is made on the membership group's
 //! leader, this node or the one it forwards to over the peer port
 //! (`Peer.ChangeMembers`), and answered with the members after it. Also
 //! what a joining node is told of the cluster (`Peer.DescribeCluster`).
@@ -31,6 +31,11 @@ fn member_change(request: ChangeMembersRequest) -> Result<MemberChange, Status> 
         }),
         Some(Change::Remove(remove)) => Ok(MemberChange::Remove {
             node: remove.node_id,
+        }),
+        Some(Change::Replace(replace)) => Ok(MemberChange::Replace {
+            node: replace.node_id,
+            with: replace.with_node_id,
+            peer_address: replace.peer_address,
         }),
         None => Err(Status::invalid_argument("the request names no change")),
     }

@@ -275,6 +275,28 @@ impl v1::admin_server::Admin for AdminService {
             .await
             .map(Response::new)
     }
+
+    async fn replace_node(
+        &self,
+        request: Request<v1::ReplaceNodeRequest>,
+    ) -> Result<Response<v1::MembershipChangeResponse>, Status> {
+        let caller = admin_only(&request, "ReplaceNode")?;
+        let request = request.into_inner();
+        audit_admin_action(
+            &caller,
+            "ReplaceNode",
+            &format!(
+                "node {} by node {} at {:?}",
+                request.node_id, request.with_node_id, request.peer_address
+            ),
+        );
+        let change = floret_proto::peer::v1::ChangeMembersRequest {
+            change: Some(floret_proto::peer::v1::change_members_request::Change::Replace(request)),
+        };
+        self.change_members_on_leader(change)
+            .await
+            .map(Response::new)
+    }
 }
 
 impl AdminService {
