@@ -2,9 +2,12 @@
 //! they pass is in `floret serve --help`, and every `FLORET_*` variable
 //! they set for a node is one the node reads (by name, or a setting's path
 //! such as `FLORET_RAFT__HEARTBEAT_MS`); and `floret config print` shows
-//! such a variable's setting and where it came from.
+//! such a variable's setting and where it came from. The Kubernetes pods'
+//! start script founds the cluster on the first three pods and, on a pod
+//! past them, makes its node a member and joins.
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -66,6 +69,7 @@ fn a_deploy_file_sets_a_variable_or_flag_floret_does_not_have() {
         "systemd/floret.service",
         "systemd/floret.env.example",
         "local-cluster.sh",
+        "k8s/start-node.sh",
     ];
     let read: BTreeSet<String> = floret_server::config::Config::environment_variables()
         .into_iter()
@@ -176,5 +180,85 @@ fn a_nested_variable_did_not_show_in_config_print() {
     assert_eq!(
         line("raft.heartbeat_ms"),
         "raft.heartbeat_ms = 100 # default"
+    );
+}
+
+/// The founding members as the StatefulSet names them.
+const K8S_PEERS: &str =
+    "1=floret-0.floret-peers:7801,2=floret-1.floret-peers:7801,3=floret-2.floret-peers:7801";
+
+/// Runs `deploy/k8s/start-node.sh` as pod `hostname` would, with a
+/// stand-in `floret` on the PATH that records each call (its arguments and
+/// the variables it was given) and fails its first `failing_calls` calls
+/// to `floret cluster`. Returns the recorded calls.
+fn start_pod(hostname: &str, failing_calls: u32) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("calls");
+    let failures = dir.path().join("failures");
+    std::fs::write(&failures, "x".repeat(failing_calls as usize)).unwrap();
+    let stand_in = dir.path().join("floret");
+    std::fs::write(
+        &stand_in,
+        r#"#!/bin/sh
+echo "$* | node=$FLORET_NODE_ID cert=$FLORET_TLS_CERT peers=${FLORET_PEERS:-} join=${FLORET_JOIN:-} token=${FLORET_TOKEN:-}" >> "$RECORD"
+left=$(cat "$FAILURES")
+if [ "$1" = cluster ] && [ -n "$left" ]; then
+    printf '%s' "${left#x}" > "$FAILURES"
+    exit 1
+fi
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "admin-token").unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/k8s/start-node.sh");
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let status = Command::new("sh")
+        .arg(&script)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOSTNAME", hostname)
+        .env("FLORET_PEERS", K8S_PEERS)
+        .env("FOUNDING_NODES", "3")
+        .env("TLS_DIR", "/tls")
+        .env("ADMIN_TOKEN_FILE", &token)
+        .env("JOIN_RETRY_SECONDS", "0")
+        .env("RECORD", &record)
+        .env("FAILURES", &failures)
+        .status()
+        .unwrap();
+    assert!(status.success(), "start-node.sh as {hostname}: {status}");
+    std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_pod_of_the_founding_three_joins_instead_of_founding_or_the_reverse() {
+    assert_eq!(
+        start_pod("floret-1", 0),
+        [format!(
+            "serve | node=2 cert=/tls/node-2.pem peers={K8S_PEERS} join= token="
+        )]
+    );
+}
+
+#[test]
+fn a_pod_scaled_up_past_the_founding_three_serves_before_it_is_a_member() {
+    let add_node = "cluster add-node --id 4 --peer-addr floret-3.floret-peers:7801 --addr floret:7701 | node=4 cert=/tls/node-4.pem";
+    assert_eq!(
+        start_pod("floret-3", 1),
+        [
+            format!("{add_node} peers={K8S_PEERS} join= token=admin-token"),
+            format!("{add_node} peers={K8S_PEERS} join= token=admin-token"),
+            format!("serve | node=4 cert=/tls/node-4.pem peers= join={K8S_PEERS} token="),
+        ]
     );
 }
