@@ -159,3 +159,50 @@ fn throughput_and_scale_account_for_what_they_sent() {
         );
     }
 }
+
+#[test]
+fn moves_reports_what_a_removed_node_gave_up_and_how_long_each_shard_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = tempfile::tempdir().unwrap();
+    let cluster = harness::Cluster::start(nodes.path(), 4, &["--shards", "6"]);
+    let change = format!(
+        "{} cluster remove-node 4 --addr {}",
+        harness::floret_binary(),
+        cluster.address(1)
+    );
+    let first_three = (1..=3)
+        .map(|node| cluster.address(node))
+        .collect::<Vec<_>>()
+        .join(",");
+    let report = bench(
+        dir.path(),
+        "moves",
+        &first_three,
+        &[
+            "moves",
+            "--backlog",
+            "2000",
+            "--steady-s",
+            "1",
+            "--producers",
+            "8",
+            "--concurrency",
+            "4",
+            "--change",
+            &change,
+        ],
+    );
+    assert_eq!(report["failed_produce_calls"].as_u64(), Some(0), "{report}");
+    let figures = &report["changes"][0]["figures"];
+    assert_eq!(figures["members_before"], serde_json::json!([1, 2, 3, 4]));
+    assert_eq!(figures["members_after"], serde_json::json!([1, 2, 3]));
+    let moved = figures["shards_moved"].as_u64().unwrap();
+    assert!(moved >= 1, "node 4 held replicas: {report}");
+    assert_eq!(
+        figures["shard_move_seconds"].as_array().unwrap().len() as u64,
+        moved,
+        "{report}"
+    );
+    assert!(figures["bytes_copied"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(figures["ideal_share"].as_f64(), Some(0.25), "{report}");
+}

@@ -123,6 +123,7 @@ pub async fn produce(client: &Client, spec: &LoadSpec) -> anyhow::Result<LoadRep
                     }
                     Err(error) => {
                         failures += 1;
+                        counters.produce_failed(&error);
                         tracing::warn!(%error, "produce failed; this worker stops");
                         failure = Some(error.to_string());
                         break;

@@ -7,6 +7,8 @@
 //!   latency for a given load.
 //! - `scale` ([`scale`]): many producers with small backlogs; dispatch rate
 //!   and node memory as the producer count grows.
+//! - `moves` ([`moves`]): changes of members under load; what each moves,
+//!   how long the shards' moves take, and the produce rate meanwhile.
 //! - [`load`]: the produce load generator that `throughput`, `scale` and
 //!   `floret produce --count` drive.
 //!
@@ -20,6 +22,7 @@
 //! - Fairness assumes every producer has weight 1.
 
 pub(crate) mod load;
+mod moves;
 mod noisy;
 mod plot;
 mod progress;
@@ -53,6 +56,9 @@ enum Scenario {
     Throughput(throughput::ThroughputArgs),
     /// Many producers, each with a small backlog.
     Scale(scale::ScaleArgs),
+    /// Changes of members (shell commands) under a produce load: data
+    /// moved, time per shard move, and the produce rate meanwhile.
+    Moves(moves::MovesArgs),
 }
 
 /// Where a scenario runs and where its results go.
@@ -122,6 +128,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Scenario::NoisyNeighbor(args) => noisy::run(args).await,
         Scenario::Throughput(args) => throughput::run(args).await,
         Scenario::Scale(args) => scale::run(args).await,
+        Scenario::Moves(args) => moves::run(args).await,
     }
 }
 

@@ -74,6 +74,8 @@ impl AdminService {
                     preferred_leader_id: replicas.preferred_leader(group.id),
                     placed: replicas.replicas(group.id).to_vec(),
                     replicas: Vec::new(),
+                    backlog_messages: group.reader.totals().messages(),
+                    backlog_bytes: group.reader.totals().bytes(),
                 }
             })
             .collect();

@@ -1,0 +1,545 @@
+//! `floret bench moves`: what changes of members cost a cluster that
+//! serves. It fills the shards with `--backlog` messages, then keeps an
+//! idempotent produce load running while it runs each `--change` command
+//! in turn (a shell command that adds, removes or replaces a node, such as
+//! `deploy/local-cluster.sh add 4`), polling the cluster status meanwhile.
+//! For each change it reports the share of shards that moved and of
+//! replicas and stored bytes copied next to the least any placement could
+//! copy, the time each shard's move took, how long until every shard had
+//! settled, and the produce rate meanwhile next to the steady rate before
+//! the first change.
+//!
+//! [`ChangeTracker`] does the bookkeeping from status polls, given their
+//! time; the rest is I/O.
+//!
+//! IMPLEMENTATION CAVEATS
+//! - Bytes copied are the stored bytes of the shards each new replica
+//!   copies, as their leader reports them when the change begins (what a
+//!   snapshot carries); the raft log sent with it is not counted.
+//! - A shard's move time is measured between status polls (every
+//!   [`POLL_INTERVAL`]): a move shorter than that shows as one interval.
+//! - The nodes the commands start are not dialled by the load: it goes
+//!   through `--addr`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use floret_client::{Client, ClusterStatusResponse};
+
+use super::load::{self, LoadSpec};
+use super::progress::Progress;
+use super::{CommonArgs, Counters};
+
+/// How often the cluster status is polled while members change.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct MovesArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Shell commands that each change the members, run in order (each
+    /// once the shards settled after the last), e.g. `deploy/local-cluster.sh add 4`.
+    #[arg(long = "change", required = true)]
+    changes: Vec<String>,
+    /// Messages stored before the first change, so moves copy data.
+    #[arg(long, default_value_t = 200_000)]
+    backlog: u64,
+    /// Producers the load is spread over.
+    #[arg(long, default_value_t = 64)]
+    producers: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 512)]
+    size: usize,
+    /// Messages per produce call of the load that runs through the changes.
+    #[arg(long, default_value_t = 10)]
+    batch: usize,
+    /// Produce calls in flight.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// How long the load runs before the first change: the steady rate.
+    #[arg(long, default_value_t = 10)]
+    steady_s: u64,
+    /// The longest a change may take until every shard settled.
+    #[arg(long, default_value_t = 300)]
+    settle_timeout_s: u64,
+}
+
+/// One shard as a status poll showed it (its leader's report).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardSeen {
+    pub leader: u64,
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+    pub placed: BTreeSet<u64>,
+    pub stored_bytes: u64,
+}
+
+impl ShardSeen {
+    /// Whether the shard is moving: its voters are not where the placement
+    /// puts it, or it has learners.
+    fn moving(&self) -> bool {
+        self.voters != self.placed || !self.learners.is_empty()
+    }
+}
+
+/// The shards and the members (those not leaving, and the epoch) of one
+/// status poll.
+#[derive(Debug, Clone, Default)]
+pub struct Poll {
+    pub shards: BTreeMap<u32, ShardSeen>,
+    pub members: Vec<u64>,
+    pub leaving: usize,
+    pub epoch: Option<u64>,
+}
+
+impl Poll {
+    fn of(status: &ClusterStatusResponse) -> Self {
+        let set = |nodes: &[u64]| nodes.iter().copied().collect::<BTreeSet<u64>>();
+        let membership = status.membership.clone().unwrap_or_default();
+        Self {
+            shards: status
+                .shards
+                .iter()
+                .map(|shard| {
+                    let seen = ShardSeen {
+                        leader: shard.leader_id,
+                        voters: set(&shard.voters),
+                        learners: set(&shard.learners),
+                        placed: set(&shard.placed),
+                        stored_bytes: shard.backlog_bytes,
+                    };
+                    (shard.shard_id, seen)
+                })
+                .collect(),
+            members: membership
+                .members
+                .iter()
+                .filter(|member| !member.leaving)
+                .map(|member| member.node_id)
+                .collect(),
+            leaving: membership.members.iter().filter(|m| m.leaving).count(),
+            epoch: membership.epoch,
+        }
+    }
+
+    /// Every shard led, where the placement puts it, and nobody leaving.
+    fn settled(&self) -> bool {
+        !self.shards.is_empty()
+            && self.leaving == 0
+            && self
+                .shards
+                .values()
+                .all(|shard| shard.leader != 0 && !shard.moving())
+    }
+}
+
+/// Follows one change of members over status polls, given their time.
+#[derive(Debug)]
+pub struct ChangeTracker {
+    before: Poll,
+    latest: Poll,
+    /// When each shard was first seen moving (or changed without being
+    /// seen moving: the poll before).
+    moving_since: BTreeMap<u32, Duration>,
+    /// Each shard's move: when it was first seen moving, and settled.
+    moves: BTreeMap<u32, (Duration, Duration)>,
+    last_poll: Duration,
+}
+
+/// What one change cost.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChangeFigures {
+    pub members_before: Vec<u64>,
+    pub members_after: Vec<u64>,
+    pub shards: usize,
+    pub shards_moved: usize,
+    /// Replicas copied to a new node, of the replicas after the change.
+    pub replicas_copied_share: f64,
+    /// Stored bytes copied to new nodes, of the stored bytes of every
+    /// replica after the change.
+    pub bytes_copied_share: f64,
+    pub bytes_copied: u64,
+    /// The least share any placement could copy: the joining nodes' share
+    /// of the members after, or the leaving nodes' of those before.
+    pub ideal_share: f64,
+    /// Each moved shard's move, in seconds, shortest first.
+    pub shard_move_seconds: Vec<f64>,
+}
+
+impl ChangeTracker {
+    /// Starts following a change from the poll taken at `at`, just before it.
+    pub fn new(at: Duration, before: Poll) -> Self {
+        Self {
+            latest: before.clone(),
+            before,
+            moving_since: BTreeMap::new(),
+            moves: BTreeMap::new(),
+            last_poll: at,
+        }
+    }
+
+    /// Takes the poll taken at `at`. Returns whether the change has
+    /// settled: the members changed, and every shard is led where the
+    /// placement puts it.
+    pub fn observe(&mut self, at: Duration, poll: Poll) -> bool {
+        for (&shard, seen) in &poll.shards {
+            let changed = self
+                .latest
+                .shards
+                .get(&shard)
+                .is_some_and(|earlier| earlier.voters != seen.voters);
+            if seen.moving() || changed {
+                let since = if seen.moving() { at } else { self.last_poll };
+                self.moving_since.entry(shard).or_insert(since);
+            }
+            if !seen.moving()
+                && let Some(since) = self.moving_since.remove(&shard)
+            {
+                self.moves.insert(shard, (since, at));
+            }
+        }
+        self.last_poll = at;
+        self.latest = poll;
+        self.latest.epoch != self.before.epoch && self.latest.settled()
+    }
+
+    /// The figures of the change, from the first poll to the latest.
+    pub fn figures(&self) -> ChangeFigures {
+        let mut copies = 0usize;
+        let mut replicas_after = 0usize;
+        let mut bytes_copied = 0u64;
+        let mut bytes_after = 0u64;
+        let mut moved = 0usize;
+        for (shard, after) in &self.latest.shards {
+            let before = self.before.shards.get(shard).cloned().unwrap_or_default();
+            let stored = before.stored_bytes.max(after.stored_bytes);
+            let new: usize = after.voters.difference(&before.voters).count();
+            copies += new;
+            bytes_copied += new as u64 * stored;
+            replicas_after += after.voters.len();
+            bytes_after += after.voters.len() as u64 * stored;
+            if after.voters != before.voters {
+                moved += 1;
+            }
+        }
+        let (members_before, members_after) = (&self.before.members, &self.latest.members);
+        let joining = members_after
+            .iter()
+            .filter(|node| !members_before.contains(node))
+            .count();
+        let leaving = members_before
+            .iter()
+            .filter(|node| !members_after.contains(node))
+            .count();
+        let share = |part: usize, of: usize| part as f64 / of.max(1) as f64;
+        let mut shard_move_seconds: Vec<f64> = self
+            .moves
+            .values()
+            .map(|(since, until)| (*until - *since).as_secs_f64())
+            .collect();
+        shard_move_seconds.sort_by(f64::total_cmp);
+        ChangeFigures {
+            members_before: members_before.clone(),
+            members_after: members_after.clone(),
+            shards: self.latest.shards.len(),
+            shards_moved: moved,
+            replicas_copied_share: share(copies, replicas_after),
+            bytes_copied_share: bytes_copied as f64 / bytes_after.max(1) as f64,
+            bytes_copied,
+            ideal_share: f64::max(
+                share(joining, members_after.len()),
+                share(leaving, members_before.len()),
+            ),
+            shard_move_seconds,
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct MovesReport {
+    scenario: &'static str,
+    producers: usize,
+    message_bytes: usize,
+    batch: usize,
+    concurrency: usize,
+    backlog: u64,
+    steady_rate: f64,
+    failed_produce_calls: u64,
+    first_produce_failure: Option<String>,
+    changes: Vec<ChangeReport>,
+}
+
+#[derive(serde::Serialize)]
+struct ChangeReport {
+    command: String,
+    seconds: f64,
+    produce_rate: f64,
+    figures: ChangeFigures,
+}
+
+pub async fn run(args: MovesArgs) -> anyhow::Result<()> {
+    let client = crate::dial(&args.common.addr)?;
+    let run_tag = super::run_tag("moves");
+    let queue = args.common.queue(&run_tag);
+    let producers = args.producers.max(1);
+    let counters = Arc::new(Counters::default());
+    let fill = LoadSpec {
+        queue: queue.clone(),
+        producer_prefix: format!("{run_tag}producer"),
+        count: args.backlog,
+        size: args.size,
+        producers,
+        batch: 100,
+        concurrency: 8,
+        idempotent: false,
+        deadline: None,
+        counters: Arc::new(Counters::default()),
+    };
+    let filled = load::produce(&client, &fill).await?;
+    anyhow::ensure!(
+        filled.failures == 0,
+        "filling the backlog failed: {:?}",
+        filled.first_failure
+    );
+    println!(
+        "moves: {} messages of {} B stored; load: {producers} producers, batch {}, {} calls in flight",
+        filled.messages, args.size, args.batch, args.concurrency
+    );
+    let run_start = Instant::now();
+    let progress = Progress::start(run_start, counters.clone(), None);
+    let steady = LoadSpec {
+        count: u64::MAX,
+        batch: args.batch.max(1),
+        concurrency: args.concurrency.max(1),
+        idempotent: true,
+        counters: counters.clone(),
+        ..fill
+    };
+    let load = {
+        let client = client.clone();
+        tokio::spawn(async move { load::produce(&client, &steady).await })
+    };
+    let produced = || counters.produced.load(Ordering::Relaxed);
+    let steady_from = produced();
+    tokio::time::sleep(Duration::from_secs(args.steady_s.max(1))).await;
+    let steady_rate =
+        (produced() - steady_from) as f64 / run_start.elapsed().as_secs_f64().max(f64::EPSILON);
+    let mut changes = Vec::new();
+    for command in &args.changes {
+        let began = Instant::now();
+        let produced_before = produced();
+        let figures = follow_change(
+            &client,
+            command,
+            run_start,
+            Duration::from_secs(args.settle_timeout_s),
+        )
+        .await?;
+        let seconds = began.elapsed().as_secs_f64();
+        changes.push(ChangeReport {
+            command: command.clone(),
+            seconds,
+            produce_rate: (produced() - produced_before) as f64 / seconds.max(f64::EPSILON),
+            figures,
+        });
+    }
+    load.abort();
+    progress.finish();
+    let report = MovesReport {
+        scenario: "moves",
+        producers,
+        message_bytes: args.size,
+        batch: args.batch,
+        concurrency: args.concurrency,
+        backlog: filled.messages,
+        steady_rate,
+        failed_produce_calls: counters.produce_failures.load(Ordering::Relaxed),
+        first_produce_failure: counters.first_produce_failure.get().cloned(),
+        changes,
+    };
+    print_report(&report);
+    args.common.write_json(&report)
+}
+
+/// Runs `command` while polling the cluster status, until it has exited
+/// and every shard settled after the change (within `timeout`).
+async fn follow_change(
+    client: &Client,
+    command: &str,
+    run_start: Instant,
+    timeout: Duration,
+) -> anyhow::Result<ChangeFigures> {
+    let poll = || async {
+        loop {
+            match client.cluster_status().await {
+                Ok(status) => return Poll::of(&status),
+                Err(error) => {
+                    tracing::warn!(%error, "cluster status failed; asking again");
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                }
+            }
+        }
+    };
+    let mut tracker = ChangeTracker::new(run_start.elapsed(), poll().await);
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .spawn()
+        .with_context(|| format!("cannot run {command:?}"))?;
+    let deadline = Instant::now() + timeout;
+    let mut exited = None;
+    loop {
+        tokio::time::sleep(POLL_INTERVAL).await;
+        if exited.is_none() {
+            exited = child.try_wait()?;
+        }
+        let settled = tracker.observe(run_start.elapsed(), poll().await);
+        match exited {
+            Some(status) if !status.success() => {
+                anyhow::bail!("{command:?} failed: {status}")
+            }
+            Some(_) if settled => return Ok(tracker.figures()),
+            _ if Instant::now() >= deadline => {
+                anyhow::bail!("the shards did not settle within {timeout:?} of {command:?}")
+            }
+            _ => {}
+        }
+    }
+}
+
+fn print_report(report: &MovesReport) {
+    println!(
+        "steady: {:.0} msg/s acknowledged before the first change ({} failed produce calls)",
+        report.steady_rate, report.failed_produce_calls
+    );
+    if let Some(failure) = &report.first_produce_failure {
+        println!("  first failed produce call: {failure}");
+    }
+    for change in &report.changes {
+        let figures = &change.figures;
+        let moves = &figures.shard_move_seconds;
+        let median = moves.get(moves.len() / 2).copied().unwrap_or(0.0);
+        let longest = moves.last().copied().unwrap_or(0.0);
+        println!(
+            "{}: members {:?} -> {:?}, settled in {:.1} s",
+            change.command, figures.members_before, figures.members_after, change.seconds
+        );
+        println!(
+            "  shards moved {}/{}; replicas copied {:.2}, stored bytes copied {:.2} ({:.1} MB) against the least possible {:.2}",
+            figures.shards_moved,
+            figures.shards,
+            figures.replicas_copied_share,
+            figures.bytes_copied_share,
+            figures.bytes_copied as f64 / 1e6,
+            figures.ideal_share
+        );
+        println!(
+            "  shard moves: median {median:.1} s, longest {longest:.1} s; produce {:.0} msg/s meanwhile ({:.2} of steady)",
+            change.produce_rate,
+            change.produce_rate / report.steady_rate.max(f64::EPSILON)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(voters: &[u64], learners: &[u64], placed: &[u64], bytes: u64) -> ShardSeen {
+        ShardSeen {
+            leader: voters[0],
+            voters: voters.iter().copied().collect(),
+            learners: learners.iter().copied().collect(),
+            placed: placed.iter().copied().collect(),
+            stored_bytes: bytes,
+        }
+    }
+
+    fn poll(epoch: u64, members: &[u64], shards: Vec<ShardSeen>) -> Poll {
+        Poll {
+            shards: (0..).zip(shards).collect(),
+            members: members.to_vec(),
+            leaving: 0,
+            epoch: Some(epoch),
+        }
+    }
+
+    fn at(seconds: f64) -> Duration {
+        Duration::from_secs_f64(seconds)
+    }
+
+    #[test]
+    fn a_node_joining_copies_the_moved_shards_bytes_and_each_move_is_timed_from_its_first_sight() {
+        let three = [1, 2, 3];
+        let four = [1, 2, 3, 4];
+        let mut tracker = ChangeTracker::new(
+            at(0.0),
+            poll(
+                5,
+                &three,
+                vec![
+                    shard(&[1, 2, 3], &[], &[1, 2, 3], 1_000),
+                    shard(&[2, 3, 1], &[], &[2, 3, 1], 3_000),
+                ],
+            ),
+        );
+        let moving = poll(
+            7,
+            &four,
+            vec![
+                shard(&[1, 2, 3], &[4], &[1, 2, 4], 1_000),
+                shard(&[2, 3, 1], &[], &[2, 3, 1], 3_000),
+            ],
+        );
+        assert!(!tracker.observe(at(0.2), moving.clone()));
+        assert!(!tracker.observe(at(0.4), moving));
+        let settled = poll(
+            7,
+            &four,
+            vec![
+                shard(&[1, 2, 4], &[], &[1, 2, 4], 1_200),
+                shard(&[2, 3, 1], &[], &[2, 3, 1], 3_100),
+            ],
+        );
+        assert!(tracker.observe(at(1.4), settled));
+        let figures = tracker.figures();
+        assert_eq!(figures.shards_moved, 1);
+        assert_eq!(figures.shard_move_seconds, [1.2]);
+        assert!((figures.replicas_copied_share - 1.0 / 6.0).abs() < 1e-9);
+        assert_eq!(figures.bytes_copied, 1_200);
+        assert!((figures.bytes_copied_share - 1_200.0 / (3.0 * 4_300.0)).abs() < 1e-9);
+        assert!((figures.ideal_share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_change_not_yet_in_the_members_is_not_settled_though_every_shard_is() {
+        let before = poll(5, &[1, 2, 3], vec![shard(&[1, 2, 3], &[], &[1, 2, 3], 0)]);
+        let mut tracker = ChangeTracker::new(at(0.0), before.clone());
+        assert!(!tracker.observe(at(0.2), before));
+        let mut leaving = poll(6, &[1, 3], vec![shard(&[1, 2, 3], &[], &[1, 2, 3], 0)]);
+        leaving.leaving = 1;
+        assert!(!tracker.observe(at(0.4), leaving));
+    }
+
+    #[test]
+    fn a_move_finished_between_two_polls_counts_from_the_poll_before() {
+        let mut tracker = ChangeTracker::new(
+            at(0.0),
+            poll(
+                5,
+                &[1, 2, 3, 4],
+                vec![shard(&[1, 2, 3], &[], &[1, 2, 3], 10)],
+            ),
+        );
+        assert!(tracker.observe(
+            at(0.2),
+            poll(8, &[1, 2, 4], vec![shard(&[1, 2, 4], &[], &[1, 2, 4], 10)])
+        ));
+        let figures = tracker.figures();
+        assert_eq!(figures.shards_moved, 1);
+        assert_eq!(figures.shard_move_seconds, [0.2]);
+        assert!((figures.ideal_share - 0.25).abs() < 1e-9);
+    }
+}
