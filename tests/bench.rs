@@ -188,6 +188,10 @@ fn moves_reports_what_a_removed_node_gave_up_and_how_long_each_shard_took() {
             "8",
             "--concurrency",
             "4",
+            "--after-s",
+            "2",
+            "--sink-rate",
+            "500",
             "--change",
             &change,
         ],
@@ -205,4 +209,11 @@ fn moves_reports_what_a_removed_node_gave_up_and_how_long_each_shard_took() {
     );
     assert!(figures["bytes_copied"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(figures["ideal_share"].as_f64(), Some(0.25), "{report}");
+    let change = &report["changes"][0];
+    assert!(
+        change["produce_rate_after"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let jain = change["jain_after_median"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&jain), "{report}");
 }

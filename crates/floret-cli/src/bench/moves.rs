@@ -1,13 +1,17 @@
 //! `floret bench moves`: what changes of members cost a cluster that
 //! serves. It fills the shards with `--backlog` messages, then keeps an
-//! idempotent produce load running while it runs each `--change` command
-//! in turn (a shell command that adds, removes or replaces a node, such as
+//! idempotent produce load and a capped shared sink (`--consumers`,
+//! `--sink-rate`) running while it runs each `--change` command in turn
+//! (a shell command that adds, removes or replaces a node, such as
 //! `deploy/local-cluster.sh add 4`), polling the cluster status meanwhile.
 //! For each change it reports the share of shards that moved and of
 //! replicas and stored bytes copied next to the least any placement could
 //! copy, the time each shard's move took, how long until every shard had
-//! settled, and the produce rate meanwhile next to the steady rate before
-//! the first change.
+//! settled, and the produce rate meanwhile; then, over `--after-s` seconds
+//! once the shards settled, the produce rate (the steady state next to
+//! the moves) and Jain's index over the producers' deliveries per second
+//! (cross-node fairness: every producer is backlogged, as the load
+//! produces far faster than the sink takes).
 //!
 //! [`ChangeTracker`] does the bookkeeping from status polls, given their
 //! time; the rest is I/O.
@@ -31,6 +35,8 @@ use floret_client::{Client, ClusterStatusResponse};
 
 use super::load::{self, LoadSpec};
 use super::progress::Progress;
+use super::sink::{Received, Sink, SinkSpec};
+use super::stats::jain;
 use super::{CommonArgs, Counters};
 
 /// How often the cluster status is polled while members change.
@@ -62,6 +68,17 @@ pub struct MovesArgs {
     /// How long the load runs before the first change: the steady rate.
     #[arg(long, default_value_t = 10)]
     steady_s: u64,
+    /// How long after each change settled the rate and fairness are
+    /// measured, before the next change.
+    #[arg(long, default_value_t = 5)]
+    after_s: u64,
+    /// Consumers of the shared sink (0: none, and no fairness figures).
+    #[arg(long, default_value_t = 3)]
+    consumers: usize,
+    /// The shared sink's capacity, messages per second over all consumers:
+    /// below the produce rate, so every producer stays backlogged.
+    #[arg(long, default_value_t = 5_000.0)]
+    sink_rate: f64,
     /// The longest a change may take until every shard settled.
     #[arg(long, default_value_t = 300)]
     settle_timeout_s: u64,
@@ -278,6 +295,14 @@ struct ChangeReport {
     seconds: f64,
     produce_rate: f64,
     figures: ChangeFigures,
+    /// When the shards settled, from the start of the load.
+    settled_at_s: f64,
+    /// The produce rate over the window after the shards settled.
+    produce_rate_after: f64,
+    /// Jain's index over the producers' deliveries in each second of that
+    /// window: median and least (None without consumers).
+    jain_after_median: Option<f64>,
+    jain_after_min: Option<f64>,
 }
 
 pub async fn run(args: MovesArgs) -> anyhow::Result<()> {
@@ -309,6 +334,21 @@ pub async fn run(args: MovesArgs) -> anyhow::Result<()> {
         filled.messages, args.size, args.batch, args.concurrency
     );
     let run_start = Instant::now();
+    let sink = if args.consumers > 0 {
+        let spec = SinkSpec {
+            addresses: args.common.addresses()?,
+            queue: queue.clone(),
+            run_tag: run_tag.clone(),
+            consumers: args.consumers,
+            rate_cap: args.sink_rate,
+            credits: 100,
+            ack_batch: 16,
+        };
+        let (_no_target, never) = tokio::sync::watch::channel(None);
+        Some(Sink::start(&spec, run_start, counters.clone(), never)?)
+    } else {
+        None
+    };
     let progress = Progress::start(run_start, counters.clone(), None);
     let steady = LoadSpec {
         count: u64::MAX,
@@ -339,14 +379,32 @@ pub async fn run(args: MovesArgs) -> anyhow::Result<()> {
         )
         .await?;
         let seconds = began.elapsed().as_secs_f64();
+        let produce_rate = (produced() - produced_before) as f64 / seconds.max(f64::EPSILON);
+        let settled_at = run_start.elapsed();
+        let produced_settled = produced();
+        tokio::time::sleep(Duration::from_secs(args.after_s.max(1))).await;
+        let after = run_start.elapsed() - settled_at;
         changes.push(ChangeReport {
             command: command.clone(),
             seconds,
-            produce_rate: (produced() - produced_before) as f64 / seconds.max(f64::EPSILON),
+            produce_rate,
             figures,
+            settled_at_s: settled_at.as_secs_f64(),
+            produce_rate_after: (produced() - produced_settled) as f64
+                / after.as_secs_f64().max(f64::EPSILON),
+            jain_after_median: None,
+            jain_after_min: None,
         });
     }
     load.abort();
+    if let Some(sink) = sink {
+        let received = sink.finish().await?;
+        for change in &mut changes {
+            let indexes = jain_per_second(&received, change.settled_at_s, args.after_s.max(1));
+            change.jain_after_median = indexes.get(indexes.len() / 2).copied();
+            change.jain_after_min = indexes.first().copied();
+        }
+    }
     progress.finish();
     let report = MovesReport {
         scenario: "moves",
@@ -409,6 +467,30 @@ async fn follow_change(
     }
 }
 
+/// Jain's index over each producer's first deliveries in each whole second
+/// of the `seconds` from `from_s`, least first. Every producer that had a
+/// delivery at all in the run counts, with 0 where it had none in a second.
+fn jain_per_second(received: &[Received], from_s: f64, seconds: u64) -> Vec<f64> {
+    let producers: BTreeSet<&str> = received
+        .iter()
+        .map(|delivery| delivery.producer.as_str())
+        .collect();
+    let mut indexes: Vec<f64> = (0..seconds)
+        .map(|second| {
+            let start = from_s + second as f64;
+            let mut counts: BTreeMap<&str, f64> = producers.iter().map(|&p| (p, 0.0)).collect();
+            for delivery in received.iter().filter(|delivery| {
+                delivery.attempt == 1 && (start..start + 1.0).contains(&delivery.at.as_secs_f64())
+            }) {
+                *counts.entry(delivery.producer.as_str()).or_default() += 1.0;
+            }
+            jain(&counts.into_values().collect::<Vec<f64>>())
+        })
+        .collect();
+    indexes.sort_by(f64::total_cmp);
+    indexes
+}
+
 fn print_report(report: &MovesReport) {
     println!(
         "steady: {:.0} msg/s acknowledged before the first change ({} failed produce calls)",
@@ -436,10 +518,16 @@ fn print_report(report: &MovesReport) {
             figures.ideal_share
         );
         println!(
-            "  shard moves: median {median:.1} s, longest {longest:.1} s; produce {:.0} msg/s meanwhile ({:.2} of steady)",
+            "  shard moves: median {median:.1} s, longest {longest:.1} s; produce {:.0} msg/s meanwhile, {:.0} msg/s once settled ({:.2} of that)",
             change.produce_rate,
-            change.produce_rate / report.steady_rate.max(f64::EPSILON)
+            change.produce_rate_after,
+            change.produce_rate / change.produce_rate_after.max(f64::EPSILON)
         );
+        if let (Some(median), Some(least)) = (change.jain_after_median, change.jain_after_min) {
+            println!(
+                "  fairness once settled: Jain's index per second over the producers' deliveries, median {median:.3}, least {least:.3}"
+            );
+        }
     }
 }
 
@@ -521,6 +609,31 @@ mod tests {
         let mut leaving = poll(6, &[1, 3], vec![shard(&[1, 2, 3], &[], &[1, 2, 3], 0)]);
         leaving.leaving = 1;
         assert!(!tracker.observe(at(0.4), leaving));
+    }
+
+    fn delivery(producer: &str, at: f64) -> Received {
+        Received {
+            producer: producer.into(),
+            attempt: 1,
+            at: Duration::from_secs_f64(at),
+            produced_at: None,
+            bytes: 1,
+        }
+    }
+
+    #[test]
+    fn a_producer_with_no_delivery_in_a_second_pulls_that_seconds_fairness_down() {
+        let received = vec![
+            delivery("a", 10.1),
+            delivery("b", 10.2),
+            delivery("a", 11.1),
+            delivery("a", 11.5),
+            delivery("b", 3.0),
+        ];
+        let indexes = jain_per_second(&received, 10.0, 2);
+        assert_eq!(indexes.len(), 2);
+        assert!((indexes[0] - 0.5).abs() < 1e-9, "{indexes:?}");
+        assert!((indexes[1] - 1.0).abs() < 1e-9, "{indexes:?}");
     }
 
     #[test]
