@@ -667,3 +667,24 @@ async fn connections_pile_up_until_the_node_runs_out_of_files() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_shards_refuses_its_own_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("node");
+    let mut node = FloretProcess::start(&data_dir, &["--shards", "4"]);
+    node.kill();
+    let node = FloretProcess::start(&data_dir, &[]);
+    let status = node.client().cluster_status().await.unwrap();
+    assert_eq!(
+        status.shards.len(),
+        4,
+        "the count the data dir was made with"
+    );
+    let new = FloretProcess::start(&dir.path().join("new"), &[]);
+    let status = new.client().cluster_status().await.unwrap();
+    assert_eq!(
+        status.shards.len(),
+        floret_server::config::DEFAULT_SHARDS as usize
+    );
+}

@@ -132,7 +132,7 @@ pub async fn run(args: ServeArgs, tls_ca: Option<PathBuf>) -> anyhow::Result<()>
         config.data_dir = data_dir;
     }
     if let Some(shards) = args.shards {
-        config.shards = shards;
+        config.shards = Some(shards);
     }
     if let Some(peers) = args.peers {
         config.peers = floret_server::config::parse_peers(&peers)

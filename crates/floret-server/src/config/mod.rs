@@ -51,8 +51,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Number of shards (raft groups); fixed for the life of the data dir.
     /// A few per node: every shard pays raft's per-entry costs, so fewer
-    /// shards carry more messages per entry (see [`DEFAULT_SHARDS`]).
-    pub shards: u32,
+    /// shards carry more messages per entry. None: the count the data dir
+    /// was created with, or for a new one [`default_shards`] of the
+    /// founding members.
+    pub shards: Option<u32>,
     /// Every member of the cluster, this node included, with its peer
     /// address (the one the other nodes dial). Empty: a one-node cluster.
     pub peers: Vec<PeerConfig>,
@@ -102,12 +104,27 @@ pub struct Config {
     pub membership: MembershipConfig,
 }
 
-/// Shards of a cluster whose configuration names none: two per node of a
-/// three-node cluster, so that each node leads two and a failed node's two
-/// go one to each survivor. Against 16, on three nodes on one 2-core
-/// machine (BENCHMARKS.md): single-message produce 1.2-1.45x, batched
-/// 1.05x, a quiet producer's latency under a flood unchanged.
+/// The fewest shards a cluster whose configuration names none gets: two
+/// per node of a three-node cluster, so that each node leads two and a
+/// failed node's two go one to each survivor. Against 16, on three nodes
+/// on one 2-core machine (BENCHMARKS.md): single-message produce
+/// 1.2-1.45x, batched 1.05x, a quiet producer's latency under a flood
+/// unchanged.
 pub const DEFAULT_SHARDS: u32 = 6;
+
+/// Shards per founding member of a cluster whose configuration names none.
+pub const DEFAULT_SHARDS_PER_NODE: u32 = 2;
+
+/// The shard count of a new cluster of `founding_members` whose
+/// configuration names none: [`DEFAULT_SHARDS_PER_NODE`] per member, at
+/// least [`DEFAULT_SHARDS`], so a larger cluster starts with more shards
+/// (a cluster meant to grow sets `shards` for its largest size:
+/// `docs/design.md`, "Membership").
+pub fn default_shards(founding_members: usize) -> u32 {
+    (founding_members as u32)
+        .saturating_mul(DEFAULT_SHARDS_PER_NODE)
+        .max(DEFAULT_SHARDS)
+}
 
 impl Default for Config {
     fn default() -> Self {
@@ -118,7 +135,7 @@ impl Default for Config {
             peer_listen: None,
             advertise: None,
             data_dir: PathBuf::from("floret-data"),
-            shards: DEFAULT_SHARDS,
+            shards: None,
             peers: Vec::new(),
             join: Vec::new(),
             replication_factor: 3,
@@ -298,7 +315,7 @@ impl Config {
             self.data_dir = data_dir;
         }
         if let Some(shards) = parse(&env, "FLORET_SHARDS")? {
-            self.shards = shards;
+            self.shards = Some(shards);
         }
         if let Some(peers) = env("FLORET_PEERS") {
             self.peers = parse_peers(&peers).map_err(|message| ConfigError::Env {

@@ -30,7 +30,7 @@ fn file_then_environment_override_defaults() {
             config.shards,
             config.delivery.lease_timeout_ms
         ),
-        (3, 8, 500)
+        (3, Some(8), 500)
     );
 }
 
@@ -107,7 +107,7 @@ fn entries_too_large_for_a_log_frame_are_refused() {
 #[test]
 fn zero_shards_is_refused() {
     let config = Config {
-        shards: 0,
+        shards: Some(0),
         ..Config::default()
     };
     assert!(config.validate().is_err());
@@ -549,4 +549,12 @@ fn sizes_and_durations_take_human_units_in_the_file_and_variables() {
         refused.contains("FLORET_STORAGE__CACHE_BYTES") && refused.contains("MiB"),
         "{refused}"
     );
+}
+
+#[test]
+fn a_larger_founding_cluster_gets_more_shards_by_default() {
+    assert_eq!(super::default_shards(1), 6);
+    assert_eq!(super::default_shards(3), 6);
+    assert_eq!(super::default_shards(5), 10);
+    assert_eq!(super::default_shards(7), 14);
 }

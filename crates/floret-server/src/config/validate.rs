@@ -21,8 +21,10 @@ impl Config {
         if self.node_id == 0 {
             return Err("node_id must be > 0".into());
         }
-        if self.shards == 0 || self.shards > 1024 {
-            return Err(format!("shards must be in 1..=1024, not {}", self.shards));
+        if let Some(shards) = self.shards
+            && (shards == 0 || shards > 1024)
+        {
+            return Err(format!("shards must be in 1..=1024, not {shards}"));
         }
         if !self.peers.is_empty() {
             let ids: BTreeSet<u64> = self.peers.iter().map(|p| p.id).collect();

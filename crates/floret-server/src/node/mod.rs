@@ -138,11 +138,18 @@ impl Node {
             let joined =
                 join::ask_to_join(config.node_id, &config.join, member_tls.as_ref()).await?;
             tracing::info!(shards = joined.shard_count, replication_factor = joined.replication_factor, members = ?joined.members.keys().collect::<Vec<_>>(), "joining the cluster");
-            config.shards = joined.shard_count;
+            config.shards = Some(joined.shard_count);
             config.replication_factor = joined.replication_factor;
             founding_members = joined.founding_members;
             members = joined.members;
         }
+        let shard_count = match config.shards {
+            Some(shards) => shards,
+            None => database
+                .recorded_shard_count()?
+                .unwrap_or_else(|| crate::config::default_shards(founding_members.len())),
+        };
+        config.shards = Some(shard_count);
         let peers = Arc::new(Peers::new(config.node_id, members, member_tls.as_ref())?);
         let (dispatcher, dispatcher_inbox) = deliver::channel();
         let applied_to_dispatcher = dispatcher.clone();
@@ -152,7 +159,7 @@ impl Node {
                 peers.clone(),
                 &founding_members,
                 &database,
-                config.shards,
+                shard_count,
                 config.replication_factor,
                 &config.raft_tuning(),
                 applied,
@@ -162,7 +169,7 @@ impl Node {
         let proposers = spawn_proposers(&shards, &config);
         deliver::spawn(
             (dispatcher.clone(), dispatcher_inbox),
-            (0..config.shards)
+            (0..shard_count)
                 .map(|shard| shards.opened_group(shard).map(|group| group.reader.clone()))
                 .collect(),
             proposers.clone(),
@@ -265,7 +272,7 @@ impl Node {
             fault.clone(),
             is_ready,
         );
-        tracing::info!(node_id = config.node_id, %address, ?peer_address, data_dir = %config.data_dir.display(), shards = config.shards, members = ?peers.node_ids(), "node started");
+        tracing::info!(node_id = config.node_id, %address, ?peer_address, data_dir = %config.data_dir.display(), shards = shard_count, members = ?peers.node_ids(), "node started");
         Ok(Self {
             address,
             peer_address,

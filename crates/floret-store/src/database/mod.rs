@@ -337,6 +337,20 @@ impl Database {
         })
     }
 
+    /// The shard count this data dir was created with, if it records one
+    /// (a new data dir does not until [`Database::claim_shard_count`]).
+    pub fn recorded_shard_count(&self) -> Result<Option<u32>, OpenError> {
+        let stored = self.db.get(SHARD_COUNT_KEY).map_err(|e| OpenError::Io {
+            path: self.dir.clone(),
+            source: io::Error::other(e),
+        })?;
+        Ok(stored.and_then(|bytes| {
+            <[u8; 4]>::try_from(bytes.as_ref())
+                .ok()
+                .map(u32::from_be_bytes)
+        }))
+    }
+
     /// Records the cluster's placement (a description of its member ids and
     /// replication factor) on first use and refuses a different one later:
     /// replica sets follow from it, so a changed one could found a shard
@@ -363,10 +377,18 @@ impl Database {
                 path: self.dir.clone(),
                 source: io::Error::other(e),
             })?;
-        Ok(match stored {
-            Ok(()) => None,
-            Err(conflict) => conflict.current.filter(|current| current != value),
-        })
+        match stored {
+            Ok(()) => {
+                // A claim is durable before the node acts on it: a crash
+                // must not let the next start claim anew.
+                self.db.flush().map_err(|e| OpenError::Io {
+                    path: self.dir.clone(),
+                    source: io::Error::other(e),
+                })?;
+                Ok(None)
+            }
+            Err(conflict) => Ok(conflict.current.filter(|current| current != value)),
+        }
     }
 
     /// Syncs, stops the flusher and waits for it, so that once every shard
