@@ -151,21 +151,22 @@ remove)
     wait_left_then_stop "$id" "$asked"
     ;;
 replace)
-    id=${2:?node id}
+    old=${2:?node id}
     [ "${3:-}" = "--with" ] || { echo "usage: $0 replace N --with M" >&2; exit 2; }
     new=${4:?new node id}
     if [ "$new" -le 3 ]; then
         echo "nodes 1-3 found the cluster; a replacement is node 4 or up" >&2
         exit 2
     fi
-    asked=$(other_node "$id")
+    asked=$(other_node "$old")
     "$floret" certs --out "$certs" --nodes "$new" >/dev/null
-    "$floret" --tls-ca "$certs/ca.pem" cluster replace-node "$id" --with "$new" \
+    "$floret" --tls-ca "$certs/ca.pem" cluster replace-node "$old" --with "$new" \
         --peer-addr "$(peer_address "$new")" --addr "$asked"
+    # start_node sets $id: $old and $new stay as they were.
     start_node "$new"
     wait_serving "$new"
-    echo "node $new joined in node $id's seat; node $id's shards move to it"
-    wait_left_then_stop "$id" "$asked"
+    echo "node $new joined in node $old's seat; node $old's shards move to it"
+    wait_left_then_stop "$old" "$asked"
     ;;
 kill)
     signal_node KILL "${2:?node id}"
