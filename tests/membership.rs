@@ -75,28 +75,57 @@ async fn member_ids(client: &Client) -> Vec<u64> {
         .collect()
 }
 
+/// [`PRODUCERS`] idempotent producers sending 5 messages per call every
+/// 20 ms through one client, until stopped.
+struct SteadyProducers {
+    acknowledged: Arc<Mutex<Vec<(String, u64)>>>,
+    stop: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+}
+
+impl SteadyProducers {
+    fn start(client: Client) -> Self {
+        let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let producers = (0..PRODUCERS)
+            .map(|n| {
+                tokio::spawn(produce_into(
+                    client.clone(),
+                    format!("p{n}"),
+                    u64::MAX,
+                    5,
+                    Duration::from_millis(20),
+                    acknowledged.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            acknowledged,
+            stop,
+            producers,
+        }
+    }
+
+    /// Stops them, checks that every produce was acknowledged, and
+    /// returns every acknowledged message.
+    async fn stop(self) -> HashSet<(String, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for producer in self.producers {
+            producer.await.unwrap().expect("every produce acknowledged");
+        }
+        self.acknowledged.lock().unwrap().iter().cloned().collect()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_removed() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
     cluster.wait_for_preferred_leaders(1).await;
-    let client = cluster.client_of(&cluster.addresses());
-    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|n| {
-            tokio::spawn(produce_into(
-                client.clone(),
-                format!("p{n}"),
-                u64::MAX,
-                5,
-                Duration::from_millis(20),
-                acknowledged.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let producing = SteadyProducers::start(cluster.client_of(&cluster.addresses()));
+    let acknowledged = producing.acknowledged.clone();
     wait_for_acknowledged(&acknowledged, 200, "before the change").await;
 
     let membership = cluster
@@ -145,11 +174,7 @@ async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_remove
     let before_stop = acknowledged.lock().unwrap().len();
     wait_for_acknowledged(&acknowledged, before_stop + 200, "after node 2 left").await;
 
-    stop.store(true, Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap().expect("every produce acknowledged");
-    }
-    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    let expected = producing.stop().await;
     drain_through(cluster.client(4), &expected).await;
 }
 
@@ -172,22 +197,8 @@ async fn acknowledged_message_lost_when_a_wiped_node_is_replaced_by_a_new_one() 
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
     cluster.wait_for_preferred_leaders(1).await;
-    let client = cluster.client_of(&cluster.addresses());
-    let acknowledged: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|n| {
-            tokio::spawn(produce_into(
-                client.clone(),
-                format!("p{n}"),
-                u64::MAX,
-                5,
-                Duration::from_millis(20),
-                acknowledged.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let producing = SteadyProducers::start(cluster.client_of(&cluster.addresses()));
+    let acknowledged = producing.acknowledged.clone();
     wait_for_acknowledged(&acknowledged, 200, "before node 2 dies").await;
 
     cluster.kill(2);
@@ -248,11 +259,7 @@ async fn acknowledged_message_lost_when_a_wiped_node_is_replaced_by_a_new_one() 
     let before_stop = acknowledged.lock().unwrap().len();
     wait_for_acknowledged(&acknowledged, before_stop + 200, "after node 4 took over").await;
 
-    stop.store(true, Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap().expect("every produce acknowledged");
-    }
-    let expected: HashSet<_> = acknowledged.lock().unwrap().iter().cloned().collect();
+    let expected = producing.stop().await;
     drain_through(cluster.client(4), &expected).await;
     wait_for_equal_digests(&cluster, &[1, 3, 4]).await;
 }

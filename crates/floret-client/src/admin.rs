@@ -4,10 +4,14 @@
 
 use floret_proto::v1;
 
+use crate::bearer::Transport;
 use crate::{
     Client, ClientError, ClusterStatusResponse, DeadLetter, GetPolicyResponse, Policy,
-    QueueStatsResponse, SinkSpec,
+    QueueStatsResponse, SinkSpec, is_retryable,
 };
+
+/// The admin service through the client's transport.
+type AdminTransport = v1::admin_client::AdminClient<Transport>;
 
 impl Client {
     /// Whether the node serves: gRPC health's answer for the whole node
@@ -47,16 +51,19 @@ impl Client {
             node_id,
             peer_address: peer_address.to_owned(),
         };
-        let answer = self.admin.clone().add_node(request).await?.into_inner();
-        Ok(answer.membership.unwrap_or_default())
+        self.change_members(|mut admin| {
+            let request = request.clone();
+            async move { admin.add_node(request).await }
+        })
+        .await
     }
 
     /// Removes member `node_id`, alive or dead; answers with the members
     /// once the change is committed (its shards move to the others after).
     pub async fn remove_node(&self, node_id: u64) -> Result<v1::Membership, ClientError> {
         let request = v1::RemoveNodeRequest { node_id };
-        let answer = self.admin.clone().remove_node(request).await?.into_inner();
-        Ok(answer.membership.unwrap_or_default())
+        self.change_members(|mut admin| async move { admin.remove_node(request).await })
+            .await
     }
 
     /// Replaces member `node_id`, alive or dead, by node `with_node_id`
@@ -74,8 +81,39 @@ impl Client {
             with_node_id,
             peer_address: peer_address.to_owned(),
         };
-        let answer = self.admin.clone().replace_node(request).await?.into_inner();
-        Ok(answer.membership.unwrap_or_default())
+        self.change_members(|mut admin| {
+            let request = request.clone();
+            async move { admin.replace_node(request).await }
+        })
+        .await
+    }
+
+    /// Makes a change of members with `call`, again while it fails in a way
+    /// [`is_retryable`] allows, within the retry policy: a change is
+    /// idempotent, so one whose answer was lost may be asked again.
+    async fn change_members<F, Fut>(&self, mut call: F) -> Result<v1::Membership, ClientError>
+    where
+        F: FnMut(AdminTransport) -> Fut,
+        Fut: std::future::Future<
+                Output = Result<tonic::Response<v1::MembershipChangeResponse>, tonic::Status>,
+            >,
+    {
+        let started = std::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            match call(self.admin.clone()).await {
+                Ok(answer) => return Ok(answer.into_inner().membership.unwrap_or_default()),
+                Err(status)
+                    if is_retryable(&status) && started.elapsed() < self.retry.give_up_after =>
+                {
+                    let wait = self.retry.backoff(attempt, &status);
+                    tracing::debug!(%status, ?wait, "the change of members did not answer; asking again");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
     }
 
     /// Per-queue and per-producer statistics of the whole cluster (`queue`

@@ -40,7 +40,7 @@ pub use member_tls::{
     pem_names_member, tls_error_chain,
 };
 pub use move_steps::{ChangeRefused, MoveStep, ShardRaftView, check_change, next_move_step};
-pub use moves::{MoveFigures, ShardMove, move_figures, shard_moves};
+pub use moves::{MoveFigures, ShardMove, least_share_copied, move_figures, shard_moves};
 pub use network::{PeerLink, PeerNetwork, decode, encode};
 pub use peers::{MAX_PEER_MESSAGE_BYTES, Peers, PeersError};
 pub use placement::{ReplicaPlacement, ShardPlacement, VIRTUAL_POINTS_PER_SHARD};

@@ -79,6 +79,18 @@ pub fn move_figures(
         .map(|shard| after.replicas(shard).len())
         .sum();
     let copied: usize = moves.iter().map(|m| m.adding.len()).sum();
+    MoveFigures {
+        shards_moved: moves.len() as f64 / shards,
+        replicas_copied: copied as f64 / replicas_after.max(1) as f64,
+        ideal_replicas_copied: least_share_copied(members_before, members_after),
+    }
+}
+
+/// The least share of replicas any placement must copy when the members
+/// go from `members_before` to `members_after`: the joining nodes' share
+/// of the members after, or the leaving nodes' share of those before,
+/// whichever is larger (a replace is both: one node's share).
+pub fn least_share_copied(members_before: &[NodeId], members_after: &[NodeId]) -> f64 {
     let joining = members_after
         .iter()
         .filter(|node| !members_before.contains(node))
@@ -87,15 +99,10 @@ pub fn move_figures(
         .iter()
         .filter(|node| !members_after.contains(node))
         .count();
-    let ideal = f64::max(
+    f64::max(
         joining as f64 / members_after.len().max(1) as f64,
         leaving as f64 / members_before.len().max(1) as f64,
-    );
-    MoveFigures {
-        shards_moved: moves.len() as f64 / shards,
-        replicas_copied: copied as f64 / replicas_after.max(1) as f64,
-        ideal_replicas_copied: ideal,
-    }
+    )
 }
 
 #[cfg(test)]

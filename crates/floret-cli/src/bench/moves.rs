@@ -243,14 +243,6 @@ impl ChangeTracker {
             }
         }
         let (members_before, members_after) = (&self.before.members, &self.latest.members);
-        let joining = members_after
-            .iter()
-            .filter(|node| !members_before.contains(node))
-            .count();
-        let leaving = members_before
-            .iter()
-            .filter(|node| !members_after.contains(node))
-            .count();
         let share = |part: usize, of: usize| part as f64 / of.max(1) as f64;
         let mut shard_move_seconds: Vec<f64> = self
             .moves
@@ -266,10 +258,7 @@ impl ChangeTracker {
             replicas_copied_share: share(copies, replicas_after),
             bytes_copied_share: bytes_copied as f64 / bytes_after.max(1) as f64,
             bytes_copied,
-            ideal_share: f64::max(
-                share(joining, members_after.len()),
-                share(leaving, members_before.len()),
-            ),
+            ideal_share: floret_cluster::least_share_copied(members_before, members_after),
             shard_move_seconds,
         }
     }

@@ -19,8 +19,11 @@ use tonic::Status;
 use super::AdminService;
 use super::membership;
 
-/// How long a change waits for the membership group to have a leader.
-const LEADER_WAIT: Duration = Duration::from_secs(5);
+/// How long a change waits for the membership group to have a leader and
+/// take it.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
+/// The pause before asking the membership group again.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Reads a forwarded or local request as the change it asks for.
 fn member_change(request: ChangeMembersRequest) -> Result<MemberChange, Status> {
@@ -54,8 +57,33 @@ impl AdminService {
                 "a one-node cluster (started without --peers) takes no members: start a cluster with --peers to grow it",
             ));
         }
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let answer = self.change_members_once(request.clone(), deadline).await;
+            match answer {
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    // The group is electing (a member just came back from
+                    // a pause, say): a change is idempotent, so ask again.
+                    tracing::debug!(%status, "the membership group took no change yet; asking again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// Makes `request`'s change here if this node leads the membership
+    /// group, or forwards it to the leader this node knows.
+    async fn change_members_once(
+        &self,
+        request: ChangeMembersRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<v1::MembershipChangeResponse, Status> {
         let change = member_change(request.clone())?;
-        self.wait_for_membership_leader().await;
+        self.wait_for_membership_leader(deadline).await;
         match self.change_members_here(change).await {
             Err(MemberChangeError::NotLeader {
                 leader: Some(leader),
@@ -104,10 +132,10 @@ impl AdminService {
             .map_err(change_status)
     }
 
-    /// Waits, up to [`LEADER_WAIT`], until this node knows the membership
-    /// group's leader (just after a start or a failover it may not yet).
-    async fn wait_for_membership_leader(&self) {
-        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+    /// Waits, until `deadline` at most, until this node knows the
+    /// membership group's leader (just after a start or a failover it may
+    /// not yet).
+    async fn wait_for_membership_leader(&self, deadline: tokio::time::Instant) {
         while self.shards.members_view().leader.is_none() && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
