@@ -68,10 +68,16 @@ pub fn is_throttled(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::ResourceExhausted && retry_after(status).is_some()
 }
 
+/// What tonic's message starts with when the HTTP/2 stream or connection
+/// broke under a call (a node stopping reset it), whatever code it maps
+/// the reason to (INTERNAL for most).
+const BROKEN_STREAM: &str = "h2 protocol error";
+
 /// Whether a failed call that carries an idempotency sequence may be
 /// retried: the server was unavailable, or the call broke off in transport
-/// (a node died mid-call: tonic reports UNKNOWN or CANCELLED) or timed out,
-/// so its outcome is unknown and a repeat with the same sequence is harmless.
+/// (a node died or stopped mid-call: tonic reports UNKNOWN, CANCELLED, or
+/// an h2 protocol error) or timed out, so its outcome is unknown and a
+/// repeat with the same sequence is harmless.
 pub fn is_retryable(status: &tonic::Status) -> bool {
     is_throttled(status)
         || matches!(
@@ -81,6 +87,7 @@ pub fn is_retryable(status: &tonic::Status) -> bool {
                 | tonic::Code::Cancelled
                 | tonic::Code::DeadlineExceeded
         )
+        || status.message().starts_with(BROKEN_STREAM)
 }
 
 #[cfg(test)]
@@ -103,6 +110,15 @@ mod tests {
             .metadata_mut()
             .insert(RETRY_AFTER_MS, 2_000u64.into());
         assert!(policy.backoff(0, &status) >= Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_produce_broken_off_by_a_stopping_node_fails_instead_of_retrying() {
+        let reset = tonic::Status::internal("h2 protocol error: http2 error");
+        assert!(is_retryable(&reset));
+        assert!(!is_retryable(&tonic::Status::internal(
+            "the state machine failed"
+        )));
     }
 
     #[test]
