@@ -75,6 +75,15 @@ async fn member_ids(client: &Client) -> Vec<u64> {
         .collect()
 }
 
+/// Waits until the members, as the cluster status through `client` shows
+/// them, are `members`.
+async fn wait_for_members(client: &Client, members: &[u64], what: &str) {
+    eventually(MOVE_DEADLINE, what, || async {
+        member_ids(client).await == members
+    })
+    .await;
+}
+
 /// [`PRODUCERS`] idempotent producers sending 5 messages per call every
 /// 20 ms through one client, until stopped.
 struct SteadyProducers {
@@ -166,11 +175,7 @@ async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_remove
     )
     .await;
     let client_4 = cluster.client(4);
-    eventually(MOVE_DEADLINE, "node 2 out of the membership group", || {
-        let client_4 = client_4.clone();
-        async move { member_ids(&client_4).await == [1, 3, 4] }
-    })
-    .await;
+    wait_for_members(&client_4, &[1, 3, 4], "node 2 out of the membership group").await;
     let before_stop = acknowledged.lock().unwrap().len();
     wait_for_acknowledged(&acknowledged, before_stop + 200, "after node 2 left").await;
 
@@ -241,11 +246,7 @@ async fn acknowledged_message_lost_when_a_wiped_node_is_replaced_by_a_new_one() 
     )
     .await;
     let client_4 = cluster.client(4);
-    eventually(MOVE_DEADLINE, "node 2 out of the membership group", || {
-        let client_4 = client_4.clone();
-        async move { member_ids(&client_4).await == [1, 3, 4] }
-    })
-    .await;
+    wait_for_members(&client_4, &[1, 3, 4], "node 2 out of the membership group").await;
     assert_eq!(member_seats(&client_4).await, [(1, 1), (3, 3), (4, 2)]);
     let status = client_4.cluster_status().await.expect("cluster status");
     let nodes: Vec<u64> = status.nodes.iter().map(|node| node.node_id).collect();
@@ -418,11 +419,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         .await
         .expect("remove node 3");
     let client_1 = cluster.client(1);
-    eventually(MOVE_DEADLINE, "node 3 out of the membership group", || {
-        let client_1 = client_1.clone();
-        async move { member_ids(&client_1).await == [1, 4, 5] }
-    })
-    .await;
+    wait_for_members(&client_1, &[1, 4, 5], "node 3 out of the membership group").await;
     let exit = cluster.terminate(3, MOVE_DEADLINE);
     assert!(
         exit.is_some_and(|status| status.success()),
