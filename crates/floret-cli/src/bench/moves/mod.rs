@@ -243,30 +243,35 @@ async fn follow_change(
     run_start: Instant,
     timeout: Duration,
 ) -> anyhow::Result<ChangeFigures> {
+    let deadline = Instant::now() + timeout;
     let poll = || async {
         loop {
             match client.cluster_status().await {
-                Ok(status) => return Poll::of(&status),
-                Err(error) => {
+                Ok(status) => return Ok(Poll::of(&status)),
+                Err(error) if Instant::now() < deadline => {
                     tracing::warn!(%error, "cluster status failed; asking again");
                     tokio::time::sleep(POLL_INTERVAL).await;
+                }
+                Err(error) => {
+                    anyhow::bail!("no cluster status within {timeout:?} of {command:?}: {error}")
                 }
             }
         }
     };
-    let mut tracker = ChangeTracker::new(run_start.elapsed(), poll().await);
+    let mut tracker = ChangeTracker::new(run_start.elapsed(), poll().await?);
+    // A change given up on is not left running.
     let mut child = tokio::process::Command::new("sh")
         .args(["-c", command])
+        .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("cannot run {command:?}"))?;
-    let deadline = Instant::now() + timeout;
     let mut exited = None;
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
         if exited.is_none() {
             exited = child.try_wait()?;
         }
-        let settled = tracker.observe(run_start.elapsed(), poll().await);
+        let settled = tracker.observe(run_start.elapsed(), poll().await?);
         match exited {
             Some(status) if !status.success() => {
                 anyhow::bail!("{command:?} failed: {status}")
