@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `wal-after-append` | the process aborts after a log append reached the file, before it is synced |
 //! | `apply-mid-batch` | the process aborts between two entries of one `apply` call |
+//! | `retire-mid-delete` | the process aborts while retiring a replica, after its durable mark, before anything is deleted |
 //! | `proposer-before-reply` | (in the server) the process aborts after a produce committed, before its reply |
 //! | `apply-drop-enqueue` | an applied enqueue stores nothing (the negative control: acknowledged, then lost) |
 //! | `wal-skip-sync` | the raft log's sync returns without syncing (acknowledges before the flush) |

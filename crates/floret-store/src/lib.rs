@@ -49,7 +49,7 @@ pub mod wal;
 pub use backlog_totals::{BacklogTotals, GroupTotals, PRODUCER_GROUP_SEPARATOR, producer_group};
 pub use database::{
     DEFAULT_CACHE_BYTES, Database, DiskUsage, FORMAT_VERSION, LogHealth, MARKER_FILE, OpenError,
-    StoreOptions, StoreUsage,
+    ShardStorage, StoreOptions, StoreUsage,
 };
 pub use flusher::{FlushWaiter, Flusher};
 pub use log_store::LogStore;

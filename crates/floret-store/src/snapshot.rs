@@ -296,6 +296,27 @@ impl SnapshotFile {
         File::open(dir)?.sync_all()
     }
 
+    /// Deletes the snapshot (and a save a crash left half done), durably.
+    pub fn delete(&self) -> io::Result<()> {
+        let _no_save_meanwhile = self
+            .saving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut deleted = false;
+        for path in [self.path.with_extension("snap.tmp"), self.path.clone()] {
+            match fs::remove_file(&path) {
+                Ok(()) => deleted = true,
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+        }
+        if deleted {
+            let dir = self.path.parent().expect("snapshot path has a folder");
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// The current snapshot, if one was saved.
     pub fn load(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
         let bytes = match fs::read(&self.path) {

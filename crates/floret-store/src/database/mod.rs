@@ -8,14 +8,13 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use crate::change_set::ChangeSetError;
 use crate::durability::StateMachineDurability;
 use crate::flusher::{Flusher, SyncTarget};
 use crate::log_store::LogStore;
 use crate::purger::{NodeStorage, Purger};
-use crate::shard_tree::ShardTree;
+use crate::reader::ShardReader;
 use crate::state_machine::{AppliedListener, StateMachine};
 use crate::types::ShardId;
 use crate::wal::{SegmentRuns, Wal};
@@ -23,9 +22,11 @@ use crate::{keys, records};
 
 mod claims;
 mod marker;
+mod shard_storage;
 
 use marker::check_marker;
 pub use marker::{FORMAT_VERSION, MARKER_FILE};
+pub use shard_storage::ShardStorage;
 
 /// sled's page cache. sled holds the per-producer index, counters and
 /// removal marks, not payloads (they stay in the raft log), so a small
@@ -154,6 +155,8 @@ pub struct Database {
     flusher_thread: Option<std::thread::JoinHandle<()>>,
     purger: Purger,
     purger_thread: Option<std::thread::JoinHandle<()>>,
+    /// The one reader of each shard whose state machine was opened.
+    readers: Arc<Mutex<HashMap<ShardId, ShardReader>>>,
     /// Whether this open created the data dir.
     created: bool,
 }
@@ -215,9 +218,10 @@ impl Database {
             Wal::open_with_segment_bytes(&dir.join("raft-log"), options.log_segment_bytes)
                 .map_err(io_error)?,
         );
-        wal.load_pins(load_pins(&db).map_err(io_error)?);
         let state_machines =
             StateMachineDurability::new(db.clone(), &sled_dir, wal.clone()).map_err(io_error)?;
+        shard_storage::finish_retirements(&db, dir, &wal, &state_machines).map_err(io_error)?;
+        wal.load_pins(load_pins(&db).map_err(io_error)?);
         #[cfg(feature = "failpoints")]
         if power_lost {
             crate::failpoints::check_power_loss_sound(wal.has_purged()).map_err(io_error)?;
@@ -237,6 +241,7 @@ impl Database {
             flusher_thread: Some(flusher_thread),
             purger,
             purger_thread: Some(purger_thread),
+            readers: Arc::default(),
             created,
         })
     }
@@ -264,48 +269,33 @@ impl Database {
         &self.wal
     }
 
-    /// Log storage of one shard.
-    pub fn log_store(&self, shard: ShardId) -> LogStore {
-        LogStore::new(
-            shard,
-            self.wal.clone(),
-            self.flusher.clone(),
-            self.purger.clone(),
-        )
+    /// What the shards' raft groups store here, as a handle that outlives
+    /// this borrow (a retired replica's group is opened again on it).
+    pub fn shard_storage(&self) -> ShardStorage {
+        ShardStorage {
+            db: self.db.clone(),
+            dir: self.dir.clone(),
+            wal: self.wal.clone(),
+            state_machines: self.state_machines.clone(),
+            flusher: self.flusher.clone(),
+            purger: self.purger.clone(),
+            readers: self.readers.clone(),
+        }
     }
 
-    /// State machine of one shard, reporting what it applies to `events`.
-    /// Every state machine of a shard shares its tree and unwritten changes.
+    /// Log storage of one shard.
+    pub fn log_store(&self, shard: ShardId) -> LogStore {
+        self.shard_storage().log_store(shard)
+    }
+
+    /// State machine of one shard, reporting what it applies to `events`
+    /// (see [`ShardStorage::state_machine`]).
     pub fn state_machine(
         &self,
         shard: ShardId,
         events: Option<AppliedListener>,
     ) -> Result<StateMachine, sled::Error> {
-        let tree = self.state_machines.shard_tree(shard, || {
-            let (tree, completed) = ShardTree::open(
-                self.db.open_tree(format!("shard-{shard}.sm"))?,
-            )
-            .map_err(|error| match error {
-                ChangeSetError::Sled(error) => error,
-                redo => {
-                    sled::Error::Io(io::Error::new(io::ErrorKind::InvalidData, redo.to_string()))
-                }
-            })?;
-            if completed {
-                tracing::info!(
-                    shard,
-                    "completed a write to the state machine a crash interrupted"
-                );
-            }
-            Ok(tree)
-        })?;
-        StateMachine::open(
-            tree,
-            self.wal.clone(),
-            shard,
-            &self.dir.join("snapshots"),
-            events,
-        )
+        self.shard_storage().state_machine(shard, events)
     }
 
     /// Waits until the purges asked so far are done and everything written

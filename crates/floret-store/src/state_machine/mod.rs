@@ -136,12 +136,23 @@ impl StateMachine {
                 error.to_string(),
             ))
         })?;
-        Ok(Self {
+        Ok(Self::with_reader(reader, shard, snapshot_dir, events))
+    }
+
+    /// The state machine of `shard` over an existing `reader` of its tree
+    /// (the one an earlier state machine of the shard opened).
+    pub(crate) fn with_reader(
+        reader: ShardReader,
+        shard: ShardId,
+        snapshot_dir: &Path,
+        events: Option<AppliedListener>,
+    ) -> Self {
+        Self {
             shard,
             reader,
             snapshot_file: SnapshotFile::new(snapshot_dir, shard),
             events,
-        })
+        }
     }
 
     /// Read access to this shard's queues, for the dispatcher and stats.

@@ -32,7 +32,8 @@
 //! Files: `segment.rs` (segment files, frames and the records they carry), `recovery.rs` (replaying
 //! a segment at open, torn write or corruption), `reading.rs` (entries and
 //! payloads read back), `retention.rs` (purges and which segments go),
-//! `pins.rs` (segments that stored messages point into), `tests.rs`.
+//! `pins.rs` (segments that stored messages point into), `forgetting.rs`
+//! (a retired replica's shard dropped from the log), `tests.rs`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -50,12 +51,14 @@ use openraft::Vote;
 
 use crate::types::{LogId, NodeId, ShardId};
 
+mod forgetting;
 mod pins;
 mod reading;
 mod recovery;
 mod retention;
 mod segment;
 
+use forgetting::Forgotten;
 use pins::Pins;
 pub use pins::{PinCapture, SegmentRuns};
 use recovery::replay_segment;
@@ -149,6 +152,8 @@ struct WalState {
     /// every later call fails until the node restarts and recovers.
     failed: Option<String>,
     pins: Pins,
+    /// Where each retired shard was forgotten, while older frames remain.
+    forgotten: Forgotten,
 }
 
 /// The log of every shard of a node.
@@ -195,13 +200,14 @@ impl Wal {
             .collect();
         ids.sort_unstable();
         let mut shards: HashMap<ShardId, ShardLog> = HashMap::new();
+        let mut forgotten = Forgotten::default();
         let mut sealed = BTreeMap::new();
         let mut active = None;
         let mut cut_at_open = 0;
         for (position, &id) in ids.iter().enumerate() {
             let path = segment_path(dir, id);
             let is_last = position + 1 == ids.len();
-            let valid_len = replay_segment(&path, id, is_last, &mut shards)?;
+            let valid_len = replay_segment(&path, id, is_last, &mut shards, &mut forgotten)?;
             let file = OpenOptions::new().read(true).append(true).open(&path)?;
             if is_last {
                 cut_at_open = file.metadata()?.len().saturating_sub(valid_len);
@@ -233,6 +239,7 @@ impl Wal {
                 shards,
                 failed: None,
                 pins: Pins::default(),
+                forgotten,
             }),
             cut_at_open,
         })
@@ -412,7 +419,7 @@ impl Wal {
         let old = std::mem::replace(&mut state.active, next);
         state.sealed.insert(old.id, old.file);
         state.synced_len = 0;
-        let mut checkpoint = Vec::new();
+        let mut checkpoint = state.forgotten_checkpoint();
         for (&shard, log) in &state.shards {
             if let Some(vote) = log.vote {
                 checkpoint.extend(frame(&Record::Vote { shard, vote }));

@@ -7,15 +7,18 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use super::forgetting::{Forgotten, forget_before};
 use super::{CorruptLog, FRAME_HEADER, Location, MAX_FRAME_BYTES, Record, ShardLog};
 use crate::types::ShardId;
 
-/// Applies one segment's records to `shards`; returns the length of its valid prefix.
+/// Applies one segment's records to `shards` (and the retired replicas'
+/// marks to `forgotten`); returns the length of its valid prefix.
 pub(super) fn replay_segment(
     path: &Path,
     id: u64,
     is_last: bool,
     shards: &mut HashMap<ShardId, ShardLog>,
+    forgotten: &mut Forgotten,
 ) -> io::Result<u64> {
     let bytes = fs::read(path)?;
     let mut offset = 0usize;
@@ -99,6 +102,7 @@ pub(super) fn replay_segment(
                 log.entries = log.entries.split_off(&(upto.index + 1));
                 log.last_purged = Some(upto);
             }
+            Record::Forget { shard, before } => forget_before(shards, forgotten, shard, before),
         }
         offset += FRAME_HEADER + len;
     }

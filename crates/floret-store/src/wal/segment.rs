@@ -41,6 +41,22 @@ pub(super) enum Record {
         shard: ShardId,
         upto: LogId,
     },
+    /// The shard's replica here was retired: every frame of the shard
+    /// before this position (its entries, vote, commit mark and purge
+    /// point) no longer counts. Written where it happened, and again in
+    /// every checkpoint while a segment from before it remains
+    /// (`forgetting.rs`).
+    Forget {
+        shard: ShardId,
+        before: FramePosition,
+    },
+}
+
+/// Where a frame starts: its segment, and its offset in that segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(super) struct FramePosition {
+    pub(super) segment: u64,
+    pub(super) offset: u64,
 }
 
 pub(super) fn segment_path(dir: &Path, id: u64) -> PathBuf {
