@@ -417,6 +417,14 @@ impl Cluster {
         self.nodes[id as usize - 1] = Some(node);
     }
 
+    /// Like [`Cluster::restart`], this start of node `id` alone with
+    /// `FAILPOINTS` set to `failpoints`.
+    pub fn restart_with_failpoints(&mut self, id: u64, failpoints: &str) {
+        let armed = std::mem::replace(&mut self.failpoints, failpoints.to_owned());
+        self.restart(id);
+        self.failpoints = armed;
+    }
+
     /// Waits until every shard is led by its preferred replica, as node
     /// `via` reports it (panics after [`START_DEADLINE`]).
     pub async fn wait_for_preferred_leaders(&self, via: u64) {

@@ -393,6 +393,12 @@ pub const METRICS: &[Metric] = &[
         help: "Messages in each batch sent to a sink.",
         labels: &[],
     },
+    Metric {
+        name: "floret_replicas_retired_total",
+        kind: MetricKind::Counter,
+        help: "Replicas of this node a move took away whose state it deleted.",
+        labels: &[],
+    },
 ];
 
 /// Gives every metric its help text, on the recorder installed.

@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use floret_proto::peer::v1::ShardStatesRequest;
+use floret_proto::peer::v1::{ShardStatesRequest, ShardStatesResponse};
 use floret_store::{NodeId, ShardId};
 use openraft::BasicNode;
 
@@ -36,7 +36,7 @@ impl Shards {
         }
         let node_id = self.node_id();
         let mut to_found = Vec::new();
-        for group in self.groups.values() {
+        for group in self.all_groups() {
             let shard = group.id;
             let raft_error = |e: openraft::error::Fatal<NodeId>| ShardsError::Raft {
                 shard,
@@ -96,7 +96,9 @@ impl Shards {
         } else {
             tracing::info!(shard, ?voters, "founding shard");
         }
-        let group = &self.groups[&shard];
+        let group = self
+            .any_group(shard)
+            .expect("every group is opened at start");
         match group.raft.initialize(members).await {
             Ok(()) => Ok(()),
             Err(openraft::error::RaftError::APIError(
@@ -173,7 +175,8 @@ impl Shards {
                             );
                             return (node, None);
                         }
-                        (node, Some(states.initialized.into_iter().collect()))
+                        let existing = existing_shards(&states, self.placement.shard_count());
+                        (node, Some(existing))
                     }
                     Ok(Err(status)) => {
                         tracing::debug!(node, %status, "peer did not say which shards it has");
@@ -189,6 +192,18 @@ impl Shards {
             .collect()
     }
 
+    /// Whether the membership group holds a configuration later than the
+    /// founding one (the members changed since the cluster's first start).
+    pub fn members_changed(&self) -> bool {
+        self.membership_group()
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .log_id()
+            .is_some_and(|log_id| log_id.index > 0)
+    }
+
     /// The shards whose replica here has a membership or a vote (was
     /// founded, joined, or took part in an election): a group that exists.
     /// What a peer asks before it founds a shard, so this node remembers
@@ -198,7 +213,7 @@ impl Shards {
         self.asked_which_shards_exist
             .store(true, std::sync::atomic::Ordering::Relaxed);
         let mut initialized = Vec::new();
-        for group in self.groups.values() {
+        for group in self.all_groups() {
             let exists = group
                 .raft
                 .is_initialized()
@@ -212,5 +227,42 @@ impl Shards {
             }
         }
         Ok(initialized)
+    }
+}
+
+/// The shards a peer's answer says exist: those its replicas have
+/// initialised, or every shard once the members changed. Every shard was
+/// founded before the members first changed, and its founding replicas
+/// may all have retired it since (a move took it elsewhere): a founder
+/// on a wiped data dir must not found it again beside its live replicas.
+fn existing_shards(states: &ShardStatesResponse, shard_count: u32) -> BTreeSet<ShardId> {
+    let mut existing: BTreeSet<ShardId> = states.initialized.iter().copied().collect();
+    if states.members_changed {
+        existing.extend(0..shard_count);
+    }
+    existing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wiped_founder_does_not_found_a_shard_its_founding_replicas_retired() {
+        let retired_everywhere = ShardStatesResponse {
+            initialized: vec![0, 2, MEMBERSHIP_GROUP],
+            placement: String::new(),
+            members_changed: true,
+        };
+        assert_eq!(
+            existing_shards(&retired_everywhere, 4),
+            BTreeSet::from([0, 1, 2, 3, MEMBERSHIP_GROUP])
+        );
+        let first_start = ShardStatesResponse {
+            initialized: vec![2],
+            placement: String::new(),
+            members_changed: false,
+        };
+        assert_eq!(existing_shards(&first_start, 4), BTreeSet::from([2]));
     }
 }

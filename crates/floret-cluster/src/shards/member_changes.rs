@@ -27,7 +27,7 @@ use floret_store::NodeId;
 use openraft::ChangeMembers;
 
 use super::members::member_record;
-use super::{MEMBERSHIP_GROUP, MembersView, Shards};
+use super::{MembersView, Shards};
 use crate::gossip::Liveness;
 use crate::move_steps::{ChangeRefused, check_change};
 use crate::placement::ReplicaPlacement;
@@ -112,7 +112,8 @@ impl Shards {
         change: MemberChange,
     ) -> Result<MembersView, MemberChangeError> {
         let me = self.node_id();
-        let raft = &self.groups[&MEMBERSHIP_GROUP].raft;
+        let membership_group = self.membership_group();
+        let raft = &membership_group.raft;
         let before = self.members_view();
         if before.leader != Some(me) {
             return Err(MemberChangeError::NotLeader {
@@ -243,7 +244,7 @@ impl Shards {
             node,
             "no shard holds a replica on the leaving member: it leaves the membership group"
         );
-        self.groups[&MEMBERSHIP_GROUP]
+        self.membership_group()
             .raft
             .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([node])), false)
             .await

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use floret_store::NodeId;
 use openraft::BasicNode;
 
-use super::{MEMBERSHIP_GROUP, Shards, ShardsError};
+use super::{Shards, ShardsError};
 use crate::placement::ReplicaPlacement;
 
 /// What ends a leaving member's record.
@@ -98,11 +98,7 @@ pub struct MembersView {
 impl Shards {
     /// The member list as this node's replica of the membership group holds it.
     pub fn members_view(&self) -> MembersView {
-        let metrics = self.groups[&MEMBERSHIP_GROUP]
-            .raft
-            .metrics()
-            .borrow()
-            .clone();
+        let metrics = self.membership_group().raft.metrics().borrow().clone();
         let stored = &metrics.membership_config;
         let voters: BTreeSet<NodeId> = stored.membership().voter_ids().collect();
         MembersView {
@@ -202,7 +198,7 @@ impl Shards {
     /// change of its configuration updates the peers and the placement.
     pub fn spawn_member_follower(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let shards = Arc::clone(self);
-        let mut metrics = self.groups[&MEMBERSHIP_GROUP].raft.metrics();
+        let mut metrics = self.membership_group().raft.metrics();
         tokio::spawn(async move {
             let mut seen = None;
             while metrics.changed().await.is_ok() {

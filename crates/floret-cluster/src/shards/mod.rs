@@ -14,6 +14,7 @@
 //! It applies nothing else. The current replica placement follows it
 //! (`members.rs`).
 //!
+//! - `group.rs`: one shard's group, and opening it.
 //! - `bootstrap.rs`: founding new groups, never twice.
 //! - `vote_guard.rs`: a node that may have forgotten a vote or an entry it
 //!   acknowledged grants no vote until a leader reaches it.
@@ -23,17 +24,23 @@
 //! - `members.rs`: the member list as the membership group holds it, and
 //!   the peers and placement that follow it.
 //! - `member_changes.rs`: adding and removing members.
+//! - `retirement.rs`: replacing the group of a replica moved away with a
+//!   fresh one, deleting its state.
+//!
+//! A shard's group can be replaced while the node runs (a retired
+//! replica's group by a fresh one), so each is held in a watch channel:
+//! what uses a group for long (a proposer, the leadership watcher) looks
+//! it up there each time, or follows the channel.
 //!
 //! IMPLEMENTATION CAVEATS
-//! - A replica a move took away from this node keeps its state (and its
-//!   group may call elections nobody grants) until the node restarts on a
-//!   wiped data dir: retirement is not built.
 //! - Every node opens every shard's group, so the shard count bounds the
 //!   groups per node, not the replicas it holds.
 
 mod bootstrap;
+mod group;
 mod member_changes;
 mod members;
+mod retirement;
 mod take_over;
 mod tuning;
 mod vote_guard;
@@ -42,8 +49,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
-use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardReader};
+use floret_store::{AppliedListener, Database, NodeId, OpenError, Raft, ShardId, ShardStorage};
+use tokio::sync::watch;
 
+pub use group::ShardGroup;
+use group::open_group;
 pub use member_changes::{
     MAX_MEMBERSHIP_VOTERS, MemberChange, MemberChangeError, membership_voters,
 };
@@ -52,12 +62,10 @@ pub use tuning::RaftTuning;
 pub use vote_guard::VOTE_GUARD;
 
 use crate::gossip::{Liveness, View};
-use crate::network::PeerNetwork;
 use crate::peers::Peers;
 use crate::placement::{ReplicaPlacement, ShardPlacement};
 use take_over::LeaderContact;
 use tuning::raft_config;
-use vote_guard::forget_leadership;
 
 /// The id of the membership group, outside the range of shard ids.
 pub const MEMBERSHIP_GROUP: ShardId = ShardId::MAX;
@@ -90,21 +98,16 @@ pub enum ShardsError {
     },
 }
 
-/// One shard on this node: its raft group and read access to its queues.
-pub struct ShardGroup {
-    /// The shard's index.
-    pub id: ShardId,
-    /// The shard's raft group.
-    pub raft: Raft,
-    /// Reads the shard's applied state.
-    pub reader: ShardReader,
-}
-
 /// The shards this node holds, and the placements that say where every
 /// producer and every shard lives.
 pub struct Shards {
     peers: Arc<Peers>,
-    groups: BTreeMap<ShardId, ShardGroup>,
+    /// Every shard's group, and the membership group's, each replaceable.
+    groups: BTreeMap<ShardId, watch::Sender<Arc<ShardGroup>>>,
+    /// What a replaced group is opened on.
+    storage: ShardStorage,
+    raft_config: Arc<openraft::Config>,
+    events: AppliedListener,
     placement: ShardPlacement,
     /// Where the shards were placed at the cluster's first start: what
     /// founds them, and what the data dir and the peers' probes compare.
@@ -148,7 +151,6 @@ impl Shards {
         events: AppliedListener,
     ) -> Result<Self, ShardsError> {
         database.claim_shard_count(shard_count)?;
-        let node_id = peers.node_id();
         let founding = ReplicaPlacement::new(shard_count, founding_members, replication_factor);
         database.claim_placement(founding.description())?;
         let configured_addresses: BTreeMap<NodeId, String> = peers
@@ -160,37 +162,12 @@ impl Shards {
             Arc::new(raft_config(tuning).map_err(|reason| ShardsError::Raft { shard: 0, reason })?);
         let lost_tail = database.log_cut_at_open() > 0;
         let new_data_dir = database.created() && peers.others().next().is_some();
-        let open_group = |shard: ShardId| {
-            let config = config.clone();
-            let events = (shard != MEMBERSHIP_GROUP).then(|| events.clone());
-            let peers = peers.clone();
-            async move {
-                let trees = |source| ShardsError::Trees { shard, source };
-                let raft_error = |reason: String| ShardsError::Raft { shard, reason };
-                let mut log_store = database.log_store(shard);
-                if lost_tail {
-                    forget_leadership(&mut log_store)
-                        .await
-                        .map_err(|e| raft_error(e.to_string()))?;
-                }
-                let state_machine = database.state_machine(shard, events).map_err(trees)?;
-                let reader = state_machine.reader();
-                let network = PeerNetwork::new(shard, peers);
-                let raft = Raft::new(node_id, config, network, log_store, state_machine)
-                    .await
-                    .map_err(|e| raft_error(e.to_string()))?;
-                Ok::<_, ShardsError>(ShardGroup {
-                    id: shard,
-                    raft,
-                    reader,
-                })
-            }
-        };
+        let storage = database.shard_storage();
         let mut groups = BTreeMap::new();
-        for shard in 0..shard_count {
-            groups.insert(shard, open_group(shard).await?);
+        for shard in (0..shard_count).chain([MEMBERSHIP_GROUP]) {
+            let group = open_group(shard, &peers, &config, &storage, &events, lost_tail).await?;
+            groups.insert(shard, group);
         }
-        groups.insert(MEMBERSHIP_GROUP, open_group(MEMBERSHIP_GROUP).await?);
         let mut vote_guard = BTreeMap::new();
         if lost_tail {
             tracing::warn!(
@@ -211,6 +188,10 @@ impl Shards {
             }
         }
         let opened = Instant::now();
+        let groups: BTreeMap<ShardId, watch::Sender<Arc<ShardGroup>>> = groups
+            .into_iter()
+            .map(|(shard, group)| (shard, watch::Sender::new(Arc::new(group))))
+            .collect();
         let shards = Self {
             leader_contact: groups
                 .keys()
@@ -221,6 +202,9 @@ impl Shards {
             asked_which_shards_exist: std::sync::atomic::AtomicBool::new(false),
             peers,
             groups,
+            storage,
+            raft_config: config,
+            events,
             placement: ShardPlacement::new(shard_count),
             replicas: RwLock::new(Arc::new(founding.clone())),
             founding,
@@ -244,13 +228,13 @@ impl Shards {
     }
 
     /// The shard's group on this node, if this node holds a replica of it.
-    pub fn group(&self, shard: ShardId) -> Option<&ShardGroup> {
+    pub fn group(&self, shard: ShardId) -> Option<Arc<ShardGroup>> {
         self.opened_group(shard)
             .filter(|group| self.holds_replica(group))
     }
 
     /// The shards this node holds, in id order.
-    pub fn groups(&self) -> impl Iterator<Item = &ShardGroup> {
+    pub fn groups(&self) -> impl Iterator<Item = Arc<ShardGroup>> + '_ {
         self.opened_groups()
             .filter(|group| self.holds_replica(group))
     }
@@ -258,27 +242,52 @@ impl Shards {
     /// The shards this node holds, and those the placement puts on it that
     /// no leader has reached yet (at a cluster's first start, before they
     /// are founded): what a starting node waits to see led.
-    pub fn placed_or_held_groups(&self) -> impl Iterator<Item = &ShardGroup> {
+    pub fn placed_or_held_groups(&self) -> impl Iterator<Item = Arc<ShardGroup>> + '_ {
         let placement = self.replicas();
         let node_id = self.node_id();
         self.opened_groups()
             .filter(move |group| placement.holds(node_id, group.id) || self.holds_replica(group))
     }
 
-    /// The group of `shard` on this node, whether or not it holds a
-    /// replica of it: what the node wires its proposer, dispatcher and
-    /// leadership watcher to, as a replica may move here later.
-    pub fn opened_group(&self, shard: ShardId) -> Option<&ShardGroup> {
-        self.groups
-            .get(&shard)
-            .filter(|_| shard != MEMBERSHIP_GROUP)
+    /// The group of `shard` on this node now, whether or not it holds a
+    /// replica of it (a replica may move here later). It is replaced when
+    /// a replica moved away retires: hold [`Shards::group_changes`] to
+    /// follow it.
+    pub fn opened_group(&self, shard: ShardId) -> Option<Arc<ShardGroup>> {
+        (shard != MEMBERSHIP_GROUP)
+            .then(|| self.any_group(shard))
+            .flatten()
+    }
+
+    /// The group of `shard` now and every group that replaces it later.
+    pub fn group_changes(&self, shard: ShardId) -> Option<watch::Receiver<Arc<ShardGroup>>> {
+        self.groups.get(&shard).map(watch::Sender::subscribe)
     }
 
     /// The group of every shard, in id order.
-    pub fn opened_groups(&self) -> impl Iterator<Item = &ShardGroup> {
+    pub fn opened_groups(&self) -> impl Iterator<Item = Arc<ShardGroup>> + '_ {
         self.groups
             .range(..MEMBERSHIP_GROUP)
-            .map(|(_, group)| group)
+            .map(|(_, group)| group.borrow().clone())
+    }
+
+    /// A shard's group or the membership group's.
+    fn any_group(&self, group: ShardId) -> Option<Arc<ShardGroup>> {
+        self.groups.get(&group).map(|group| group.borrow().clone())
+    }
+
+    /// Every shard's group, then the membership group.
+    fn all_groups(&self) -> Vec<Arc<ShardGroup>> {
+        self.groups
+            .values()
+            .map(|group| group.borrow().clone())
+            .collect()
+    }
+
+    /// The membership group.
+    fn membership_group(&self) -> Arc<ShardGroup> {
+        self.any_group(MEMBERSHIP_GROUP)
+            .expect("every node opens the membership group")
     }
 
     /// Whether this node holds a replica of `shard` now: its group's
@@ -288,7 +297,7 @@ impl Shards {
     /// to be dropped.
     pub fn holds(&self, shard: ShardId) -> bool {
         self.opened_group(shard)
-            .is_some_and(|group| self.holds_replica(group))
+            .is_some_and(|group| self.holds_replica(&group))
     }
 
     /// Whether `node` votes in `shard` as this node's replica knows it (a
@@ -320,14 +329,15 @@ impl Shards {
 
     /// The shards this node holds, then the membership group: every raft
     /// group here, for checks that compare replicas.
-    pub fn groups_and_membership(&self) -> impl Iterator<Item = &ShardGroup> {
-        self.groups().chain(self.groups.get(&MEMBERSHIP_GROUP))
+    pub fn groups_and_membership(&self) -> impl Iterator<Item = Arc<ShardGroup>> + '_ {
+        self.groups()
+            .chain(std::iter::once(self.membership_group()))
     }
 
     /// The raft group a peer's raft call names: a shard's (held here or
     /// not, as a leader may be adding this node), or the membership group's.
-    pub fn raft(&self, group: ShardId) -> Option<&Raft> {
-        self.groups.get(&group).map(|group| &group.raft)
+    pub fn raft(&self, group: ShardId) -> Option<Raft> {
+        self.any_group(group).map(|group| group.raft.clone())
     }
 
     /// Producer -> shard placement.
@@ -401,7 +411,7 @@ impl Shards {
 
     /// Stops every raft group.
     pub async fn shutdown(&self) {
-        for group in self.groups.values() {
+        for group in self.all_groups() {
             if let Err(error) = group.raft.shutdown().await {
                 tracing::warn!(shard = group.id, %error, "raft group did not stop cleanly");
             }

@@ -96,8 +96,7 @@ impl Shards {
         request: &VoteRequest<NodeId>,
         response: &VoteResponse<NodeId>,
     ) {
-        let (Some(contact), Some(group)) =
-            (self.leader_contact.get(&shard), self.groups.get(&shard))
+        let (Some(contact), Some(group)) = (self.leader_contact.get(&shard), self.any_group(shard))
         else {
             return;
         };

@@ -43,7 +43,7 @@ impl Shards {
         let Some(&until) = guard.get(&shard) else {
             return false;
         };
-        let leader_reached_us = self.groups.get(&shard).is_some_and(|group| {
+        let leader_reached_us = self.any_group(shard).is_some_and(|group| {
             group
                 .raft
                 .metrics()
@@ -62,14 +62,14 @@ impl Shards {
 
     /// Lets `shard`'s group vote and campaign again (its guard entry is gone).
     fn lift_vote_guard(&self, shard: ShardId, leader_reached_us: bool) {
-        if let Some(group) = self.groups.get(&shard) {
+        if let Some(group) = self.any_group(shard) {
             group.raft.runtime_config().elect(true);
         }
         tracing::info!(shard, leader_reached_us, "vote guard lifted");
     }
 
     /// The shards whose vote guard is still up.
-    fn guarded_shards(&self) -> Vec<ShardId> {
+    pub(super) fn guarded_shards(&self) -> Vec<ShardId> {
         self.vote_guard
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -1,9 +1,11 @@
 //! Members that leave: on the membership group's leader, a member marked
 //! leaving (`floret cluster remove-node`) is taken out of the group once
-//! every shard's leader reports a configuration without it, so it stays
-//! reachable, and keeps receiving the member list, for as long as a shard
-//! still moves off it. Checked every [`LEAVER_CHECK`] from every node's
-//! own view (the one `floret status` merges).
+//! every shard's leader reports a configuration without it and its own
+//! report shows no replica left to retire (`retire.rs`; or it does not
+//! answer), so it stays reachable, and keeps receiving the member list,
+//! for as long as a shard still moves off it or it still deletes a
+//! replica's state. Checked every [`LEAVER_CHECK`] from every node's own
+//! view (the one `floret status` merges).
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A shard whose leader does not answer keeps every leaving member in
@@ -46,6 +48,7 @@ pub fn spawn(shards: Arc<Shards>, admin: Arc<AdminService>) -> JoinHandle<()> {
             let shard_count = shards.placement().shard_count();
             for node in leaving {
                 if holds_no_replica(&views, shard_count, node)
+                    && retired_its_replicas(&views, node)
                     && let Err(error) = shards.forget_leaving_member(node).await
                 {
                     tracing::warn!(node, %error, "the leaving member is still in the membership group");
@@ -78,6 +81,21 @@ fn holds_no_replica(
             !report.voters.contains(&node) && !report.learners.contains(&node)
         })
     })
+}
+
+/// Whether `node`'s own report among `views` shows no replica it still
+/// has to retire; a node that does not answer takes its state with it.
+fn retired_its_replicas(
+    views: &BTreeMap<NodeId, Result<ClusterStatusResponse, String>>,
+    node: NodeId,
+) -> bool {
+    let Some(Ok(view)) = views.get(&node) else {
+        return true;
+    };
+    view.nodes
+        .iter()
+        .filter(|status| status.node_id == node)
+        .all(|status| status.stale_replicas.is_empty())
 }
 
 #[cfg(test)]
@@ -131,6 +149,29 @@ mod tests {
     fn a_leaving_member_kept_as_a_learner_is_kept() {
         let views = views(&[(1, vec![leader_of(0, 1, &[1, 3, 4], &[2])])]);
         assert!(!holds_no_replica(&views, 1, 2));
+    }
+
+    #[test]
+    fn a_leaving_member_still_deleting_a_replica_is_kept_until_it_has() {
+        let own_report = |stale: Vec<ShardId>| {
+            let view = ClusterStatusResponse {
+                node_id: 2,
+                nodes: vec![floret_proto::v1::NodeStatus {
+                    node_id: 2,
+                    stale_replicas: stale,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            BTreeMap::from([(2, Ok(view))])
+        };
+        assert!(!retired_its_replicas(&own_report(vec![0]), 2));
+        assert!(retired_its_replicas(&own_report(Vec::new()), 2));
+        let silent = BTreeMap::from([(2, Err("no answer".to_owned()))]);
+        assert!(
+            retired_its_replicas(&silent, 2),
+            "a dead member cannot be waited for"
+        );
     }
 
     #[test]

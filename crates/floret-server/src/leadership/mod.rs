@@ -12,7 +12,9 @@
 //! - `moves.rs`: the leader of a shard whose replicas the current members
 //!   place elsewhere moves it there, step by step.
 //! - `leavers.rs`: the membership group's leader lets a removed member go
-//!   once no shard holds a replica on it.
+//!   once no shard holds a replica on it, and it has retired them.
+//! - `retire.rs`: a node deletes the state of its replicas a move took
+//!   away, once their leader has committed a configuration without it.
 //!
 //! Raft itself (elections, terms, votes) is openraft's, in floret-cluster;
 //! the vote guard of a node that may have forgotten a vote is there too.
@@ -22,4 +24,5 @@ pub mod hand_back;
 pub mod leavers;
 pub mod moves;
 pub mod rebalance;
+pub mod retire;
 pub mod watch;

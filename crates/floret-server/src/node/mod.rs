@@ -41,7 +41,7 @@ use crate::faults::{self, NodeFault};
 use crate::idle;
 use crate::leadership::hand_back::HandBack;
 use crate::leadership::watch::watch_leadership;
-use crate::leadership::{drain, leavers, moves, rebalance};
+use crate::leadership::{drain, leavers, moves, rebalance, retire};
 use crate::load_view::LoadView;
 use crate::produce::proposer::{Proposers, ShardProposer};
 use crate::produce::tenant_limits::TenantLimits;
@@ -55,6 +55,7 @@ use crate::tls::NodeTls;
 mod error;
 mod join;
 mod parts;
+mod ready;
 
 pub use error::NodeError;
 use parts::NodeParts;
@@ -238,6 +239,7 @@ impl Node {
         };
         let services = parts.services(stopped.clone(), authenticate.clone());
         watchers.push(leavers::spawn(shards.clone(), services.admin.clone()));
+        watchers.push(retire::spawn(shards.clone(), services.admin.clone()));
         let mut telemetry = Vec::new();
         if let Some(listener) = operations {
             let metrics = crate::telemetry::recorder().map_err(NodeError::Metrics)?;
@@ -290,31 +292,6 @@ impl Node {
             telemetry,
             load_view,
         })
-    }
-
-    /// Waits until every shard this node holds or is placed on has a
-    /// leader, then reports SERVING.
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), NodeError> {
-        for group in self.shards.placed_or_held_groups() {
-            let mut metrics = group.raft.metrics();
-            let led =
-                tokio::time::timeout(timeout, metrics.wait_for(|m| m.current_leader.is_some()))
-                    .await;
-            if !matches!(led, Ok(Ok(_))) {
-                return Err(NodeError::NotReady {
-                    shard: group.id,
-                    waited: timeout,
-                });
-            }
-        }
-        if self.fault.reason().is_none() {
-            self.server.report_serving().await;
-            if self.fault.reason().is_some() {
-                self.server.report_not_serving().await;
-            }
-        }
-        self.ready.send_replace(true);
-        Ok(())
     }
 
     /// Whether the node is one of several.
@@ -395,8 +372,10 @@ fn spawn_proposers(shards: &Shards, config: &Config) -> Proposers {
         shards
             .opened_groups()
             .map(|group| {
-                let proposer =
-                    ShardProposer::spawn(group.id, group.raft.clone(), config.batching.clone());
+                let changes = shards
+                    .group_changes(group.id)
+                    .expect("the proposer's shard is opened");
+                let proposer = ShardProposer::spawn(group.id, changes, config.batching.clone());
                 (group.id, proposer)
             })
             .collect(),

@@ -44,8 +44,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use floret_store::{DelayedEnqueue, NodeId, Op, OpReply, Raft, ShardId};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use floret_cluster::ShardGroup;
+use floret_store::{DelayedEnqueue, NodeId, Op, OpReply, ShardId};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use super::lanes::{EntryLanes, Lane, LaneFull, LaneLimits};
 use commit::{commit, not_committed};
@@ -150,13 +151,19 @@ impl Proposers {
 }
 
 impl ShardProposer {
-    /// Starts the proposer task of `shard`.
-    pub fn spawn(shard: ShardId, raft: Raft, batching: BatchingConfig) -> Self {
+    /// Starts the proposer task of `shard`, proposing to whichever group
+    /// of the shard `group` holds at the time (a retired replica's group
+    /// is replaced by a fresh one).
+    pub fn spawn(
+        shard: ShardId,
+        group: watch::Receiver<Arc<ShardGroup>>,
+        batching: BatchingConfig,
+    ) -> Self {
         let (proposals, pending) = mpsc::unbounded_channel();
         let commit_timeout = Duration::from_millis(batching.commit_timeout_ms);
         let slot_count = u32::try_from(batching.proposals_in_flight).unwrap_or(u32::MAX);
         let slots = Arc::new(Semaphore::new(slot_count as usize));
-        tokio::spawn(run(shard, raft, batching, pending, slots.clone()));
+        tokio::spawn(run(shard, group, batching, pending, slots.clone()));
         Self {
             shard,
             commit_timeout,
@@ -263,7 +270,7 @@ fn op_bytes(op: &Op) -> usize {
 
 async fn run(
     shard: ShardId,
-    raft: Raft,
+    group: watch::Receiver<Arc<ShardGroup>>,
     batching: BatchingConfig,
     mut pending: mpsc::UnboundedReceiver<(Lane, Proposal)>,
     slots: Arc<Semaphore>,
@@ -313,7 +320,7 @@ async fn run(
         }
         metrics::histogram!("floret_entry_ops").record(entry.len() as f64);
         let entry_in_flight = in_flight.proposed();
-        let raft = raft.clone();
+        let raft = group.borrow().raft.clone();
         tokio::spawn(async move {
             commit(shard, raft, entry, commit_timeout, slot).await;
             drop(entry_in_flight);

@@ -101,7 +101,7 @@ impl PeerService {
         }
     }
 
-    fn raft(&self, shard: ShardId) -> Result<&floret_store::Raft, Status> {
+    fn raft(&self, shard: ShardId) -> Result<floret_store::Raft, Status> {
         raft_of(&self.shards, shard)
     }
 }
@@ -251,6 +251,7 @@ impl Peer for PeerService {
         Ok(Response::new(v1::ShardStatesResponse {
             initialized,
             placement: self.shards.founding().description().to_owned(),
+            members_changed: self.shards.members_changed(),
         }))
     }
 

@@ -37,6 +37,15 @@ pub(crate) fn membership(view: MembersView) -> v1::Membership {
     }
 }
 
+/// Whether the configuration `metrics` show is a single one (not joint)
+/// that the replica has applied, so committed.
+fn configuration_committed(metrics: &openraft::RaftMetrics<u64, openraft::BasicNode>) -> bool {
+    let stored = &metrics.membership_config;
+    stored.membership().get_joint_config().len() == 1
+        && stored.log_id().is_some()
+        && *stored.log_id() <= metrics.last_applied
+}
+
 /// Of the member lists the nodes reported, the one at the highest epoch
 /// (the leader's first among equals).
 fn latest_membership(
@@ -76,6 +85,7 @@ impl AdminService {
                     replicas: Vec::new(),
                     backlog_messages: group.reader.totals().messages(),
                     backlog_bytes: group.reader.totals().bytes(),
+                    configuration_committed: configuration_committed(&metrics),
                 }
             })
             .collect();
@@ -99,6 +109,7 @@ impl AdminService {
                     .as_ref()
                     .and_then(|gossip| gossip.warning.borrow().clone())
                     .unwrap_or_default(),
+                stale_replicas: self.shards.stale_replicas(),
                 ..Default::default()
             }],
             shards,

@@ -21,7 +21,7 @@ use crate::request::InvalidRequest;
 const MAX_TAKE_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The raft group of `shard` (or the membership group) on this node.
-pub(super) fn raft_of(shards: &Shards, shard: ShardId) -> Result<&floret_store::Raft, Status> {
+pub(super) fn raft_of(shards: &Shards, shard: ShardId) -> Result<floret_store::Raft, Status> {
     shards.raft(shard).ok_or_else(|| {
         Status::from(RequestError::unavailable(format!(
             "node {} holds no replica of shard {shard}",
