@@ -132,6 +132,9 @@ pub struct Shards {
     asked_which_shards_exist: std::sync::atomic::AtomicBool,
     /// When each shard last heard from a leader.
     leader_contact: BTreeMap<ShardId, Arc<LeaderContact>>,
+    /// Set once the groups are shut down: a group opened after that (a
+    /// retired replica's fresh one) is shut down at once.
+    stopped: Mutex<bool>,
 }
 
 impl Shards {
@@ -198,6 +201,7 @@ impl Shards {
                 .map(|&shard| (shard, Arc::new(LeaderContact::new(opened))))
                 .collect(),
             vote_guard: Mutex::new(vote_guard),
+            stopped: Mutex::new(false),
             guard_for_new_data_dir: new_data_dir && !lost_tail,
             asked_which_shards_exist: std::sync::atomic::AtomicBool::new(false),
             peers,
@@ -411,7 +415,15 @@ impl Shards {
 
     /// Stops every raft group.
     pub async fn shutdown(&self) {
-        for group in self.all_groups() {
+        let groups = {
+            let mut stopped = self
+                .stopped
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            *stopped = true;
+            self.all_groups()
+        };
+        for group in groups {
             if let Err(error) = group.raft.shutdown().await {
                 tracing::warn!(shard = group.id, %error, "raft group did not stop cleanly");
             }

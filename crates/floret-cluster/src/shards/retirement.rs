@@ -103,7 +103,20 @@ impl Shards {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .insert(shard, Instant::now() + VOTE_GUARD);
         }
-        slot.send_replace(std::sync::Arc::new(group));
+        let group = std::sync::Arc::new(group);
+        let node_stopped = {
+            let stopped = self
+                .stopped
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !*stopped {
+                slot.send_replace(group.clone());
+            }
+            *stopped
+        };
+        if node_stopped {
+            let _stopping_anyway = group.raft.shutdown().await;
+        }
         Ok(())
     }
 
