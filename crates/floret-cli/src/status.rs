@@ -36,7 +36,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 "gossip_address": n.gossip_address, "gossip_warning": n.gossip_warning,
                 "heartbeat_age_ms": n.heartbeat_age_ms, "backlog_messages": n.backlog_messages,
                 "backlog_bytes": n.backlog_bytes, "backlogged_producers": n.backlogged_producers,
-                "dispatch_rate": n.dispatch_rate,
+                "dispatch_rate": n.dispatch_rate, "stale_replicas": n.stale_replicas,
             })).collect::<Vec<_>>(),
             "membership": cluster.membership.as_ref().map(|m| serde_json::json!({
                 "epoch": m.epoch, "leader_id": m.leader_id,
@@ -104,6 +104,12 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             format!("stopped serving: {}; restart it", node.fault)
         } else if !node.gossip_warning.is_empty() {
             format!("gossip: {}", node.gossip_warning)
+        } else if !node.stale_replicas.is_empty() {
+            let shards: Vec<String> = node.stale_replicas.iter().map(u32::to_string).collect();
+            format!(
+                "replicas moved away, to delete: shards {}",
+                shards.join(", ")
+            )
         } else {
             node.error.clone()
         };
