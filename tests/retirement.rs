@@ -3,7 +3,8 @@
 //! (once its durable mark is written, before anything is deleted).
 //! Restarted, it finishes the interrupted retirement before it opens the
 //! shard, and carries on. Every acknowledged message is delivered and the
-//! replicas agree.
+//! replicas agree. A node restarted after it retired replicas serves
+//! again, though it starts with the placement of its first members.
 
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,8 @@ use floret_cluster::ReplicaPlacement;
 use super::drain_through;
 use super::harness::{Cluster, one_cluster_at_a_time};
 use super::membership::{
-    MOVE_DEADLINE, SteadyProducers, settled_voters, wait_for_equal_digests, wait_for_replicas_on,
-    wait_for_retirements,
+    MOVE_DEADLINE, SteadyProducers, retired_on, settled_voters, wait_for_equal_digests,
+    wait_for_replicas_on, wait_for_retirements,
 };
 use super::{SHARDS, wait_for_acknowledged};
 
@@ -23,6 +24,10 @@ const CRASHED: &str = "crashing at a fault point";
 const FINISHED: &str = "finishing the retirement of a replica that a crash interrupted";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "failpoints"),
+    ignore = "needs floret built with --features failpoints"
+)]
 async fn a_replica_half_retired_by_a_crash_is_served_again() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
@@ -91,4 +96,39 @@ async fn a_replica_half_retired_by_a_crash_is_served_again() {
     let expected = producing.stop().await;
     drain_through(cluster.client(4), &expected).await;
     wait_for_equal_digests(&cluster, &[1, 2, 3, 4]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_after_retiring_replicas_never_becomes_ready() {
+    let _one = one_cluster_at_a_time().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
+    cluster.wait_for_preferred_leaders(1).await;
+    cluster
+        .client(1)
+        .add_node(4, &cluster.next_peer_address())
+        .await
+        .expect("add node 4");
+    assert_eq!(tokio::task::block_in_place(|| cluster.join()), 4);
+    wait_for_replicas_on(&cluster.client(1), &[1, 2, 3, 4], "node 4 in").await;
+    let moved_to_4 = settled_voters(&cluster.client(1))
+        .await
+        .expect("settled")
+        .iter()
+        .filter(|voters| voters.contains(&4))
+        .count();
+    wait_for_retirements(&cluster, &cluster.client(1), &[1, 2, 3], moved_to_4).await;
+    let retired_one = (1..=3)
+        .find(|&node| retired_on(&cluster, node) > 0)
+        .expect("a node retired a replica");
+
+    // Its first members placed the retired shards on it, and no leader
+    // will reach their fresh groups: readiness must follow the members.
+    tokio::task::block_in_place(|| cluster.restart(retired_one));
+    wait_for_replicas_on(
+        &cluster.client(retired_one),
+        &[1, 2, 3, 4],
+        "every shard led after the restart",
+    )
+    .await;
 }

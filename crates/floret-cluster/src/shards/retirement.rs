@@ -43,7 +43,8 @@ impl Shards {
 
     /// Stops the group of `shard` for good (its replica votes, acks and
     /// applies nothing more) and returns the highest term it knew. Follow
-    /// with [`Shards::restart_group`].
+    /// with [`Shards::restart_group`], after an error too: the group may
+    /// have stopped before the error.
     pub async fn stop_group(&self, shard: ShardId) -> Result<u64, ShardsError> {
         let raft_error = |reason: String| ShardsError::Raft { shard, reason };
         let group = self

@@ -60,7 +60,14 @@ async fn retire(shards: &Shards, admin: &AdminService, shard: ShardId) {
     let final_term = match shards.stop_group(shard).await {
         Ok(term) => term,
         Err(error) => {
-            tracing::warn!(shard, %error, "cannot stop the group of a replica moved away");
+            tracing::warn!(
+                shard,
+                %error,
+                "cannot stop the group of a replica moved away, or read its last term: keeping the replica"
+            );
+            if let Err(error) = shards.restart_group(shard, false).await {
+                tracing::error!(shard, %error, "cannot open the shard's group again");
+            }
             return;
         }
     };
