@@ -1,12 +1,16 @@
 //! Grown to five and shrunk back to three (one node dead, one alive)
 //! under 10 idempotent producers and 3 consumers given the first three
 //! addresses: no produce call fails, the p99 stays under 2 s, every
-//! acknowledged message is delivered, the replicas agree, and the member
-//! removed alive leaves only once it has retired every replica it held.
+//! acknowledged message is delivered, the replicas agree, the producers'
+//! deliveries are even again (Jain's index >= 0.95) once each change
+//! settles, and the member removed alive leaves only once it has retired
+//! every replica it held.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use floret_sched::jain_index;
 use tokio::sync::watch;
 
 use super::SHARDS;
@@ -23,6 +27,36 @@ use super::rolling_restart::{
 /// The longest a produce call may take at the 99th percentile while
 /// shards move.
 const MAX_PRODUCE_STALL_P99: Duration = Duration::from_secs(2);
+/// How long the deliveries are counted per producer after a change settles.
+const FAIRNESS_WINDOW: Duration = Duration::from_secs(2);
+/// The least Jain's index over the producers' deliveries in that window.
+const MIN_JAIN_AFTER_A_CHANGE: f64 = 0.95;
+/// The steady producers.
+const PRODUCERS: usize = 10;
+
+/// How many deliveries each of the [`PRODUCERS`] got in the
+/// [`FAIRNESS_WINDOW`] that begins at `settled`, once it is over, and
+/// Jain's index over them.
+async fn fairness_after(
+    consumed: &[Arc<Mutex<Consumed>>],
+    settled: Instant,
+) -> (f64, BTreeMap<String, u64>) {
+    tokio::time::sleep_until((settled + FAIRNESS_WINDOW).into()).await;
+    let mut per_producer: BTreeMap<String, u64> =
+        (0..PRODUCERS).map(|n| (format!("p{n}"), 0)).collect();
+    for record in consumed {
+        let record = record.lock().unwrap();
+        let in_window = record
+            .delivered_at
+            .iter()
+            .filter(|(at, _)| *at >= settled && *at < settled + FAIRNESS_WINDOW);
+        for (_, producer) in in_window {
+            *per_producer.entry(producer.clone()).or_default() += 1;
+        }
+    }
+    let shares: Vec<f64> = per_producer.values().map(|&count| count as f64).collect();
+    (jain_index(&shares).unwrap_or(0.0), per_producer)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls() {
@@ -44,7 +78,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
             ))
         })
         .collect();
-    let producers: Vec<_> = (0..10)
+    let producers: Vec<_> = (0..PRODUCERS)
         .map(|n| {
             tokio::spawn(produce_steadily(
                 client.clone(),
@@ -56,6 +90,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let mut took = Vec::new();
+    let mut fairness = Vec::new();
     for (node, members) in [(4, vec![1, 2, 3, 4]), (5, vec![1, 2, 3, 4, 5])] {
         let began = Instant::now();
         cluster
@@ -71,6 +106,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         )
         .await;
         took.push((format!("add {node}"), began.elapsed()));
+        fairness.push(fairness_after(&consumed, Instant::now()).await);
     }
     let began = Instant::now();
     cluster.kill(2);
@@ -81,6 +117,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         .expect("remove the dead node 2");
     wait_for_replicas_on(&cluster.client(1), &[1, 3, 4, 5], "node 2's replicas moved").await;
     took.push(("remove 2 (dead)".to_owned(), began.elapsed()));
+    fairness.push(fairness_after(&consumed, Instant::now()).await);
     let began = Instant::now();
     let held_by_3 = settled_voters(&cluster.client(1))
         .await
@@ -113,7 +150,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
     )
     .await;
     took.push(("remove 3 (alive)".to_owned(), began.elapsed()));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    fairness.push(fairness_after(&consumed, Instant::now()).await);
     stop_producing.send_replace(true);
 
     let (acknowledged, failures, call_times) = collect_produced(producers).await;
@@ -132,7 +169,22 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
     }
     wait_for_equal_digests(&cluster, &[1, 4, 5]).await;
     eprintln!(
-        "grow to five, shrink to three: {calls} produce calls, 0 failed, p99 {p99:?}, slowest {slowest:?}; {} acknowledged, all delivered; each change until its shards settled: {took:?}",
-        acknowledged.len()
+        "grow to five, shrink to three: {calls} produce calls, 0 failed, p99 {p99:?}, slowest {slowest:?}; {} acknowledged, all delivered; each change until its shards settled: {took:?}; Jain's index in the {FAIRNESS_WINDOW:?} after each: {:.3?}",
+        acknowledged.len(),
+        fairness.iter().map(|(jain, _)| *jain).collect::<Vec<_>>()
+    );
+    let uneven: Vec<String> = took
+        .iter()
+        .zip(&fairness)
+        .filter(|(_, (jain, _))| *jain < MIN_JAIN_AFTER_A_CHANGE)
+        .map(|((change, _), (jain, deliveries))| {
+            format!(
+                "after {change}: Jain's index {jain:.3}, deliveries per producer {deliveries:?}"
+            )
+        })
+        .collect();
+    assert!(
+        uneven.is_empty(),
+        "deliveries uneven in the {FAIRNESS_WINDOW:?} after a change settled: {uneven:?}"
     );
 }

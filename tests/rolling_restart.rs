@@ -57,10 +57,11 @@ pub(super) async fn produce_steadily(
     produced
 }
 
-/// What a consumer saw: when each delivery came, and what was delivered.
+/// What a consumer saw: when each delivery came and whose it was, and
+/// what was delivered.
 #[derive(Default)]
 pub(super) struct Consumed {
-    pub delivered_at: Vec<Instant>,
+    pub delivered_at: Vec<(Instant, String)>,
     pub delivered: HashSet<(String, u64)>,
     pub ended: Vec<String>,
 }
@@ -95,7 +96,9 @@ pub(super) async fn consume_steadily(
                 Ok(Some(ConsumerEvent::Delivery(delivery))) => {
                     {
                         let mut consumed = consumed.lock().unwrap();
-                        consumed.delivered_at.push(Instant::now());
+                        consumed
+                            .delivered_at
+                            .push((Instant::now(), delivery.producer_id.clone()));
                         consumed.delivered.insert(key_of(&delivery));
                     }
                     if consumer.ack(vec![delivery.delivery_id]).await.is_err()
@@ -172,10 +175,10 @@ pub(super) fn percentile(mut times: Vec<Duration>, fraction: f64) -> Duration {
 
 /// The longest time between two deliveries (or from `from` to the first)
 /// up to `until`.
-fn longest_gap(delivered_at: &[Instant], from: Instant, until: Instant) -> Duration {
+fn longest_gap(delivered_at: &[(Instant, String)], from: Instant, until: Instant) -> Duration {
     let mut last = from;
     let mut longest = Duration::ZERO;
-    for &at in delivered_at.iter().filter(|&&at| at <= until) {
+    for &(at, _) in delivered_at.iter().filter(|(at, _)| *at <= until) {
         longest = longest.max(at.saturating_duration_since(last));
         last = at.max(last);
     }

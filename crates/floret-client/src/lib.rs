@@ -35,6 +35,7 @@ mod coalesce;
 mod connect;
 mod consumer;
 pub mod dev_sink;
+mod node_health;
 mod retry;
 mod routes;
 
@@ -263,25 +264,10 @@ impl Client {
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            let routes = self.routes.as_deref();
-            let routed = routes.and_then(|r| r.leader(&request.queue, &request.producer_id));
-            let was_routed = routed.is_some();
-            let node = routed.unwrap_or_else(|| self.produces.clone());
-            let result = node.produce(request.clone()).await;
-            if let Some(routes) = routes {
-                match &result {
-                    Ok(response) => routes.learn(
-                        &request.queue,
-                        &request.producer_id,
-                        &response.leader_address,
-                    ),
-                    Err(status) if was_routed && is_retryable(status) && !is_throttled(status) => {
-                        tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
-                        routes.forget(&request.queue, &request.producer_id);
-                    }
-                    Err(_) => {}
-                }
-            }
+            let result = match self.routes.as_deref() {
+                Some(routes) => Self::send_routed(routes, request.clone()).await,
+                None => self.produces.produce(request.clone()).await,
+            };
             match result {
                 Ok(response) => return Ok(response),
                 Err(status)
@@ -295,6 +281,31 @@ impl Client {
                 Err(status) => return Err(status.into()),
             }
         }
+    }
+
+    /// Sends a produce once to the node `routes` choose for its producer,
+    /// and learns from the answer where the producer's next ones go.
+    async fn send_routed(
+        routes: &Routes,
+        request: v1::ProduceRequest,
+    ) -> Result<ProduceResponse, tonic::Status> {
+        let (queue, producer) = (request.queue.clone(), request.producer_id.clone());
+        let routed = routes.leader(&queue, &producer);
+        let was_routed = routed.is_some();
+        let node = routed.unwrap_or_else(|| routes.any_node(Instant::now()));
+        let result = node.produces.produce(request).await;
+        match &result {
+            Ok(response) => routes.learn(&queue, &producer, &response.leader_address, node.index),
+            Err(status) if is_retryable(status) && !is_throttled(status) => {
+                routes.failed(node.index, Instant::now());
+                if was_routed {
+                    tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
+                    routes.forget(&queue, &producer);
+                }
+            }
+            Err(_) => {}
+        }
+        result
     }
 
     /// A producer that numbers its batches for idempotent retries.

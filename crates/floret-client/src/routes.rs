@@ -3,12 +3,17 @@
 //! so the cluster does not forward the call to the leader, one hop more.
 //!
 //! Only the nodes the client was given are used: an address a node
-//! advertises to its peers may not be reachable from the client. A route
-//! is a hint. A node that no longer leads the shard forwards the call and
-//! its answer names the new leader. A call to it that fails in transport or
-//! finds the shard without a leader (UNAVAILABLE and the like, not a
-//! throttle or a refusal of the request) drops the route, so the next one
-//! goes through the balanced channel over every node.
+//! advertises to its peers may not be reachable from the client. When the
+//! leader is not one of them (a node that joined later), the producer's
+//! route is the node that answered: it forwards each call to the leader.
+//! A route is a hint. A node that no longer leads the shard forwards the
+//! call and its answer names the new leader. A call to it that fails in
+//! transport or finds the shard without a leader (UNAVAILABLE and the like,
+//! not a throttle or a refusal of the request) drops the route, so the
+//! next one goes to the client's nodes in turn, passing over those that
+//! failed a moment ago (`node_health.rs`): a seed node that was removed
+//! from the cluster or died costs a failed call now and then, not every
+//! other one.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - At most [`MAX_ROUTES`] producers are remembered; past that the table
@@ -16,11 +21,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::Transport;
 use floret_proto::v1::floret_client::FloretClient;
 
 use crate::coalesce::{Coalescer, ProduceCoalescing};
+use crate::node_health::NodeHealth;
 
 /// Most producers whose leader a client remembers.
 pub const MAX_ROUTES: usize = 100_000;
@@ -46,6 +53,15 @@ struct Node {
 pub(crate) struct Routes {
     nodes: Vec<Node>,
     leaders: Mutex<Leaders>,
+    health: Mutex<NodeHealth>,
+}
+
+/// One of the client's nodes, chosen for a produce.
+pub(crate) struct ChosenNode {
+    /// Its place in the client's list of nodes.
+    pub index: usize,
+    /// Its produce calls.
+    pub produces: Arc<Coalescer>,
 }
 
 /// `host:port` of an address given with or without a scheme.
@@ -61,7 +77,7 @@ impl Routes {
         nodes: Vec<(String, FloretClient<Transport>)>,
         coalescing: ProduceCoalescing,
     ) -> Self {
-        let nodes = nodes
+        let nodes: Vec<Node> = nodes
             .into_iter()
             .map(|(address, client)| Node {
                 produces: Arc::new(Coalescer::new(client.clone(), coalescing)),
@@ -69,7 +85,9 @@ impl Routes {
                 client,
             })
             .collect();
+        let first = std::process::id() as usize;
         Self {
+            health: Mutex::new(NodeHealth::new(nodes.len(), first)),
             nodes,
             leaders: Mutex::default(),
         }
@@ -89,25 +107,58 @@ impl Routes {
         self.leaders.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The produce calls of the node last known to lead `producer`, if it
-    /// is one of the client's nodes.
-    pub(crate) fn leader(&self, queue: &str, producer: &str) -> Option<Arc<Coalescer>> {
-        let node = *self.leaders().by_queue.get(queue)?.get(producer)?;
-        Some(self.nodes[node].produces.clone())
+    fn health(&self) -> MutexGuard<'_, NodeHealth> {
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Remembers that `leader_address` led `producer`'s shard (or forgets
-    /// the producer's route when that node is not one of the client's).
-    pub(crate) fn learn(&self, queue: &str, producer: &str, leader_address: &str) {
+    fn chosen(&self, index: usize) -> ChosenNode {
+        ChosenNode {
+            index,
+            produces: self.nodes[index].produces.clone(),
+        }
+    }
+
+    /// The node `producer`'s produces go to: the one last known to lead
+    /// it, or to forward to its leader, if any.
+    pub(crate) fn leader(&self, queue: &str, producer: &str) -> Option<ChosenNode> {
+        let node = *self.leaders().by_queue.get(queue)?.get(producer)?;
+        Some(self.chosen(node))
+    }
+
+    /// The node whose turn it is, for a producer with no route, passing
+    /// over nodes whose call failed a moment ago.
+    pub(crate) fn any_node(&self, now: Instant) -> ChosenNode {
+        let index = self.health().pick(now);
+        self.chosen(index)
+    }
+
+    /// A call to node `index` failed in transport or found no leader at `now`.
+    pub(crate) fn failed(&self, index: usize, now: Instant) {
+        self.health().failed(index, now);
+    }
+
+    /// Remembers that `leader_address` led `producer`'s shard, as node
+    /// `answered_by` answered; when the leader is not one of the client's
+    /// nodes, the producer's produces go on to `answered_by`, which
+    /// forwards them. An answer naming no leader forgets the route.
+    pub(crate) fn learn(
+        &self,
+        queue: &str,
+        producer: &str,
+        leader_address: &str,
+        answered_by: usize,
+    ) {
+        self.health().answered(answered_by);
         let leader_address = host_port(leader_address);
-        let Some(node) = self
+        if leader_address.is_empty() {
+            self.forget(queue, producer);
+            return;
+        }
+        let node = self
             .nodes
             .iter()
             .position(|node| node.address == leader_address)
-        else {
-            self.forget(queue, producer);
-            return;
-        };
+            .unwrap_or(answered_by);
         let mut leaders = self.leaders();
         if leaders.by_queue.get(queue).and_then(|p| p.get(producer)) == Some(&node) {
             return;
@@ -161,23 +212,31 @@ mod tests {
         Routes::new(nodes, ProduceCoalescing::default())
     }
 
+    fn routed_to(routes: &Routes, producer: &str) -> Option<usize> {
+        routes.leader("q", producer).map(|node| node.index)
+    }
+
     #[tokio::test]
     async fn produce_sent_to_a_node_the_client_was_not_given() {
         let routes = routes(&["127.0.0.1:7701", "127.0.0.1:7702"]);
-        routes.learn("q", "p", "http://127.0.0.1:7702/");
-        assert!(routes.leader("q", "p").is_some());
-        assert!(routes.leader("q", "other").is_none());
-        routes.learn("q", "p", "10.0.0.9:7702");
-        assert!(routes.leader("q", "p").is_none(), "unknown node kept");
-        routes.learn("q", "p", "");
-        assert!(routes.leader("q", "p").is_none());
+        routes.learn("q", "p", "http://127.0.0.1:7702/", 0);
+        assert_eq!(routed_to(&routes, "p"), Some(1));
+        assert_eq!(routed_to(&routes, "other"), None);
+        routes.learn("q", "p", "10.0.0.9:7702", 0);
+        assert_eq!(
+            routed_to(&routes, "p"),
+            Some(0),
+            "a leader the client cannot dial is reached through the node that answered"
+        );
+        routes.learn("q", "p", "", 1);
+        assert_eq!(routed_to(&routes, "p"), None);
     }
 
     #[tokio::test]
     async fn route_table_grows_without_bound() {
         let routes = routes(&["127.0.0.1:7701"]);
         for producer in 0..MAX_ROUTES + 10 {
-            routes.learn("q", &producer.to_string(), "127.0.0.1:7701");
+            routes.learn("q", &producer.to_string(), "127.0.0.1:7701", 0);
         }
         assert!(routes.leaders().remembered <= MAX_ROUTES);
         routes.forget("q", &(MAX_ROUTES + 9).to_string());
