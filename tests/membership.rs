@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use floret_client::Client;
+use floret_chaos::process::poll;
+use floret_client::{Client, ClusterStatusResponse};
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
 use super::{SHARDS, drain_through, produce_into, wait_for_acknowledged};
@@ -40,24 +41,70 @@ pub(super) async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>
 }
 
 /// Waits until every shard has three voters, all of them in `members`,
-/// and the members together hold every shard `members` should.
+/// and the members together hold every shard `members` should; past
+/// [`MOVE_DEADLINE`] it panics naming each shard that had not settled.
 pub(super) async fn wait_for_replicas_on(client: &Client, members: &[u64], what: &str) {
     let members: BTreeSet<u64> = members.iter().copied().collect();
-    eventually(MOVE_DEADLINE, what, || {
-        let (client, members) = (client.clone(), members.clone());
-        async move {
-            let Some(voters) = settled_voters(&client).await else {
-                return false;
+    let last_seen = Mutex::new(String::from("no cluster status"));
+    let settled = poll(MOVE_DEADLINE, Duration::from_millis(20), || async {
+        let status = client.cluster_status().await;
+        let Some(voters) = settled_voters(client).await else {
+            *last_seen.lock().unwrap() = match status {
+                Ok(status) => unsettled_shards(&status),
+                Err(error) => format!("cluster status failed: {error}"),
             };
-            let held: BTreeSet<u64> = voters.iter().flatten().copied().collect();
-            voters.len() == SHARDS.parse::<usize>().unwrap()
-                && voters
-                    .iter()
-                    .all(|set| set.len() == 3 && set.is_subset(&members))
-                && held == members
+            return None;
+        };
+        let held: BTreeSet<u64> = voters.iter().flatten().copied().collect();
+        let on_members = voters.len() == SHARDS.parse::<usize>().unwrap()
+            && voters
+                .iter()
+                .all(|set| set.len() == 3 && set.is_subset(&members))
+            && held == members;
+        if !on_members {
+            *last_seen.lock().unwrap() = format!("settled elsewhere: voters {voters:?}");
         }
+        on_members.then_some(())
     })
     .await;
+    assert!(
+        settled.is_some(),
+        "{what} did not happen within {MOVE_DEADLINE:?}; last seen: {}",
+        last_seen.lock().unwrap()
+    );
+}
+
+/// Each shard of `status` that has not settled: its leader, voters,
+/// learners, placement and replicas' progress.
+fn unsettled_shards(status: &ClusterStatusResponse) -> String {
+    status
+        .shards
+        .iter()
+        .filter(|shard| {
+            let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
+            let placed: BTreeSet<u64> = shard.placed.iter().copied().collect();
+            shard.leader_id == 0 || !shard.learners.is_empty() || voters != placed
+        })
+        .map(|shard| {
+            let replicas: Vec<String> = shard
+                .replicas
+                .iter()
+                .map(|r| format!("{}@{}{}", r.node_id, r.applied_index, if r.reachable { "" } else { "?" }))
+                .collect();
+            format!(
+                "shard {} leader {} term {} voters {:?} learners {:?} placed {:?} committed {} replicas [{}]",
+                shard.shard_id,
+                shard.leader_id,
+                shard.term,
+                shard.voters,
+                shard.learners,
+                shard.placed,
+                shard.configuration_committed,
+                replicas.join(" ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// What a node logs each time it deletes a retired replica's state.

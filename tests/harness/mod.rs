@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+mod failed;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
