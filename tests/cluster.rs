@@ -12,6 +12,7 @@ mod gossip_blocked;
 mod grow_shrink;
 mod harness;
 mod health;
+mod leaving;
 mod membership;
 mod peer_port;
 mod retirement;

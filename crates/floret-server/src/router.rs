@@ -8,6 +8,13 @@
 //! This is the calling side of the node-to-node API; the receiving side is
 //! `service/peer.rs`.
 //!
+//! A node removed from the cluster may still be running (and taking client
+//! calls) a moment after it left; its peers then refuse its calls
+//! (PERMISSION_DENIED, under mutual TLS). Such a refusal, on a node whose
+//! member list says it is leaving or gone, becomes UNAVAILABLE with a retry
+//! hint: the client tries another node, and a forwarded produce is not
+//! reported to it as its own lack of permission.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - The leader is this node's view of the shard; a call that reaches a node
 //!   which just lost the leadership is answered UNAVAILABLE with a retry hint.
@@ -24,7 +31,7 @@ use floret_store::{NodeId, Op, OpReply, ShardId};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::error::RequestError;
+use crate::error::{NO_LEADER_RETRY_AFTER, RequestError};
 use crate::produce::ProduceAnswer;
 use crate::produce::proposer::{Proposers, ShardProposer};
 use crate::service::request_id;
@@ -115,11 +122,31 @@ impl ShardRouter {
         };
         match tokio::time::timeout(FORWARD_TIMEOUT, call(channel)).await {
             Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(remote)) if remote.code() == Code::PermissionDenied && self.has_left() => {
+                Err(NodeCallError::Refused {
+                    grpc_code: Code::Unavailable as i32,
+                    message: format!(
+                        "node {} has been removed from the cluster and its peers no longer take its calls; send to a member",
+                        self.shards.node_id()
+                    ),
+                    retry_after: Some(NO_LEADER_RETRY_AFTER),
+                })
+            }
             Ok(Err(remote)) => Err(classify(remote)),
             Err(_) => Err(NodeCallError::NoAnswer {
                 why: format!("no answer within {FORWARD_TIMEOUT:?}"),
             }),
         }
+    }
+
+    /// Whether this node is leaving the cluster, or has left it, as its
+    /// replica of the membership group says.
+    fn has_left(&self) -> bool {
+        let me = self.shards.node_id();
+        self.shards
+            .members_view()
+            .member(me)
+            .is_none_or(|member| member.leaving)
     }
 
     /// Calls `node`, believed to lead `shard`, and relays its answer: its own
