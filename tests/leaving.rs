@@ -10,20 +10,14 @@ use tonic::Code;
 
 use super::SHARDS;
 use super::harness::{Cluster, one_cluster_at_a_time};
-use super::membership::{wait_for_members, wait_for_replicas_on};
+use super::membership::{add_node_4, wait_for_members};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_produce_through_a_member_that_left_is_refused_as_permission_denied() {
     let _one = one_cluster_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start_tls(dir.path(), 3, &["--shards", SHARDS]);
-    cluster
-        .client(1)
-        .add_node(4, &cluster.next_peer_address())
-        .await
-        .expect("add node 4");
-    tokio::task::block_in_place(|| cluster.join());
-    wait_for_replicas_on(&cluster.client(1), &[1, 2, 3, 4], "node 4 in").await;
+    add_node_4(&mut cluster, 1).await;
     cluster
         .client(1)
         .remove_node(3)

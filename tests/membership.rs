@@ -107,6 +107,32 @@ fn unsettled_shards(status: &ClusterStatusResponse) -> String {
         .join("; ")
 }
 
+/// Adds node 4 to the three-node `cluster` through node `via`, starts it,
+/// waits until every shard settled over nodes 1-4, and returns how many
+/// shards node 4 took.
+pub(super) async fn add_node_4(cluster: &mut Cluster, via: u64) -> usize {
+    let membership = cluster
+        .client(via)
+        .add_node(4, &cluster.next_peer_address())
+        .await
+        .expect("add node 4");
+    let members: Vec<u64> = membership.members.iter().map(|m| m.node_id).collect();
+    assert_eq!(members, [1, 2, 3, 4]);
+    assert_eq!(tokio::task::block_in_place(|| cluster.join()), 4);
+    wait_for_replicas_on(
+        &cluster.client(via),
+        &[1, 2, 3, 4],
+        "every shard at three replicas over four nodes, node 4 among them",
+    )
+    .await;
+    settled_voters(&cluster.client(via))
+        .await
+        .expect("settled")
+        .iter()
+        .filter(|voters| voters.contains(&4))
+        .count()
+}
+
 /// What a node logs each time it deletes a retired replica's state.
 const RETIRED: &str = "retired this node's replica";
 
@@ -210,28 +236,8 @@ async fn acknowledged_message_lost_when_a_node_joins_and_a_dead_member_is_remove
     let acknowledged = producing.acknowledged.clone();
     wait_for_acknowledged(&acknowledged, 200, "before the change").await;
 
-    let membership = cluster
-        .client(2)
-        .add_node(4, &cluster.next_peer_address())
-        .await
-        .expect("add node 4");
-    let members: Vec<u64> = membership.members.iter().map(|m| m.node_id).collect();
-    assert_eq!(members, [1, 2, 3, 4]);
-    let joined = tokio::task::block_in_place(|| cluster.join());
-    assert_eq!(joined, 4);
-    wait_for_replicas_on(
-        &cluster.client(1),
-        &[1, 2, 3, 4],
-        "every shard at three replicas over four nodes, node 4 among them",
-    )
-    .await;
+    let moved_to_4 = add_node_4(&mut cluster, 2).await;
     assert_eq!(member_ids(&cluster.client(4)).await, [1, 2, 3, 4]);
-    let moved_to_4 = settled_voters(&cluster.client(1))
-        .await
-        .expect("settled")
-        .iter()
-        .filter(|voters| voters.contains(&4))
-        .count();
     assert!(moved_to_4 > 0, "node 4 took no replica");
     wait_for_retirements(&cluster, &cluster.client(1), &[1, 2, 3], moved_to_4).await;
     let before_kill = acknowledged.lock().unwrap().len();
@@ -383,18 +389,7 @@ async fn a_node_joining_a_tls_cluster_is_refused_by_the_peer_port() {
     )
     .await
     .expect("produce before the change");
-    cluster
-        .client(1)
-        .add_node(4, &cluster.next_peer_address())
-        .await
-        .expect("add node 4");
-    tokio::task::block_in_place(|| cluster.join());
-    wait_for_replicas_on(
-        &cluster.client(1),
-        &[1, 2, 3, 4],
-        "every shard at three replicas over four nodes over mutual TLS",
-    )
-    .await;
+    add_node_4(&mut cluster, 1).await;
     produce_into(
         cluster.client(4),
         "after".into(),

@@ -13,7 +13,7 @@ use floret_cluster::ReplicaPlacement;
 use super::drain_through;
 use super::harness::{Cluster, one_cluster_at_a_time};
 use super::membership::{
-    MOVE_DEADLINE, SteadyProducers, retired_on, settled_voters, wait_for_equal_digests,
+    MOVE_DEADLINE, SteadyProducers, add_node_4, retired_on, wait_for_equal_digests,
     wait_for_replicas_on, wait_for_retirements,
 };
 use super::{SHARDS, wait_for_acknowledged};
@@ -52,24 +52,9 @@ async fn a_replica_half_retired_by_a_crash_is_served_again() {
     let producing = SteadyProducers::start(cluster.client_of(&cluster.addresses()));
     wait_for_acknowledged(&producing.acknowledged, 200, "before the change").await;
 
-    cluster
-        .client(1)
-        .add_node(4, &cluster.next_peer_address())
-        .await
-        .expect("add node 4");
-    assert_eq!(tokio::task::block_in_place(|| cluster.join()), 4);
-    wait_for_replicas_on(
-        &cluster.client(4),
-        &[1, 2, 3, 4],
-        "every shard over four nodes",
-    )
-    .await;
-    let moved_to_4 = settled_voters(&cluster.client(4))
-        .await
-        .expect("settled")
-        .iter()
-        .filter(|voters| voters.contains(&4))
-        .count();
+    // Asked through a node that does not crash, as the moves settle.
+    let unarmed = if armed == 1 { 2 } else { 1 };
+    let moved_to_4 = add_node_4(&mut cluster, unarmed).await;
 
     let deadline = Instant::now() + MOVE_DEADLINE;
     while cluster.log(armed).matches(CRASHED).count() == 0 {
@@ -104,19 +89,7 @@ async fn a_node_restarted_after_retiring_replicas_never_becomes_ready() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, &["--shards", SHARDS]);
     cluster.wait_for_preferred_leaders(1).await;
-    cluster
-        .client(1)
-        .add_node(4, &cluster.next_peer_address())
-        .await
-        .expect("add node 4");
-    assert_eq!(tokio::task::block_in_place(|| cluster.join()), 4);
-    wait_for_replicas_on(&cluster.client(1), &[1, 2, 3, 4], "node 4 in").await;
-    let moved_to_4 = settled_voters(&cluster.client(1))
-        .await
-        .expect("settled")
-        .iter()
-        .filter(|voters| voters.contains(&4))
-        .count();
+    let moved_to_4 = add_node_4(&mut cluster, 1).await;
     wait_for_retirements(&cluster, &cluster.client(1), &[1, 2, 3], moved_to_4).await;
     let retired_one = (1..=3)
         .find(|&node| retired_on(&cluster, node) > 0)
