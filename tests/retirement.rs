@@ -6,12 +6,10 @@
 //! replicas agree. A node restarted after it retired replicas serves
 //! again, though it starts with the placement of its first members.
 
-use std::time::{Duration, Instant};
-
 use floret_cluster::ReplicaPlacement;
 
 use super::drain_through;
-use super::harness::{Cluster, one_cluster_at_a_time};
+use super::harness::{Cluster, eventually, one_cluster_at_a_time};
 use super::membership::{
     MOVE_DEADLINE, SteadyProducers, add_node_4, retired_on, wait_for_equal_digests,
     wait_for_replicas_on, wait_for_retirements,
@@ -56,14 +54,11 @@ async fn a_replica_half_retired_by_a_crash_is_served_again() {
     let unarmed = if armed == 1 { 2 } else { 1 };
     let moved_to_4 = add_node_4(&mut cluster, unarmed).await;
 
-    let deadline = Instant::now() + MOVE_DEADLINE;
-    while cluster.log(armed).matches(CRASHED).count() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "node {armed} never retired a replica, though {moved_to_4} moved to node 4"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let crashed = format!("node {armed} crashed retiring a replica ({moved_to_4} moved to node 4)");
+    eventually(MOVE_DEADLINE, &crashed, || async {
+        cluster.log(armed).contains(CRASHED)
+    })
+    .await;
     tokio::task::block_in_place(|| cluster.restart(armed));
     wait_for_retirements(&cluster, &cluster.client(4), &[1, 2, 3], moved_to_4 - 1).await;
     assert_eq!(
