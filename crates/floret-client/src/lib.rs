@@ -265,7 +265,7 @@ impl Client {
         let mut attempt = 0;
         loop {
             let result = match self.routes.as_deref() {
-                Some(routes) => Self::send_routed(routes, request.clone()).await,
+                Some(routes) => Self::send_routed(routes, &request).await,
                 None => self.produces.produce(request.clone()).await,
             };
             match result {
@@ -287,20 +287,20 @@ impl Client {
     /// and learns from the answer where the producer's next ones go.
     async fn send_routed(
         routes: &Routes,
-        request: v1::ProduceRequest,
+        request: &v1::ProduceRequest,
     ) -> Result<ProduceResponse, tonic::Status> {
-        let (queue, producer) = (request.queue.clone(), request.producer_id.clone());
-        let routed = routes.leader(&queue, &producer);
+        let (queue, producer) = (request.queue.as_str(), request.producer_id.as_str());
+        let routed = routes.leader(queue, producer);
         let was_routed = routed.is_some();
         let node = routed.unwrap_or_else(|| routes.any_node(Instant::now()));
-        let result = node.produces.produce(request).await;
+        let result = node.produces.produce(request.clone()).await;
         match &result {
-            Ok(response) => routes.learn(&queue, &producer, &response.leader_address, node.index),
+            Ok(response) => routes.learn(queue, producer, &response.leader_address, node.index),
             Err(status) if is_retryable(status) && !is_throttled(status) => {
                 routes.failed(node.index, Instant::now());
                 if was_routed {
                     tracing::debug!(%status, "produce to the producer's last known leader failed; forgetting the route");
-                    routes.forget(&queue, &producer);
+                    routes.forget(queue, producer);
                 }
             }
             Err(_) => {}
