@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use floret_chaos::process::poll;
 use floret_client::{Client, ClusterStatusResponse};
+use floret_proto::v1::ShardStatus;
 
 use super::harness::{Cluster, eventually, one_cluster_at_a_time};
 use super::{SHARDS, drain_through, produce_into, wait_for_acknowledged};
@@ -23,21 +24,28 @@ const PRODUCERS: u64 = 6;
 /// The longest every shard may take to reach its new replicas.
 pub(super) const MOVE_DEADLINE: Duration = Duration::from_secs(90);
 
-/// Each shard's voters as the cluster status through `client` reports
-/// them, once every shard has a leader, no learner, and its voters where
-/// the placement puts it.
-pub(super) async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
-    let status = client.cluster_status().await.ok()?;
+/// Whether `shard` has a leader, no learner, and its voters where the
+/// placement puts it.
+fn is_settled(shard: &ShardStatus) -> bool {
+    let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
+    let placed: BTreeSet<u64> = shard.placed.iter().copied().collect();
+    let replicas: BTreeSet<u64> = shard.replicas.iter().map(|r| r.node_id).collect();
+    shard.leader_id != 0 && replicas == voters && voters == placed
+}
+
+/// Each shard's voters in `status`, once every shard [`is_settled`].
+fn settled_voters_in(status: &ClusterStatusResponse) -> Option<Vec<BTreeSet<u64>>> {
     status
         .shards
         .iter()
-        .map(|shard| {
-            let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
-            let placed: BTreeSet<u64> = shard.placed.iter().copied().collect();
-            let replicas: BTreeSet<u64> = shard.replicas.iter().map(|r| r.node_id).collect();
-            (shard.leader_id != 0 && replicas == voters && voters == placed).then_some(voters)
-        })
+        .map(|shard| is_settled(shard).then(|| shard.voters.iter().copied().collect()))
         .collect()
+}
+
+/// Each shard's voters as the cluster status through `client` reports
+/// them, once every shard [`is_settled`].
+pub(super) async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
+    settled_voters_in(&client.cluster_status().await.ok()?)
 }
 
 /// Waits until every shard has three voters, all of them in `members`,
@@ -47,12 +55,15 @@ pub(super) async fn wait_for_replicas_on(client: &Client, members: &[u64], what:
     let members: BTreeSet<u64> = members.iter().copied().collect();
     let last_seen = Mutex::new(String::from("no cluster status"));
     let settled = poll(MOVE_DEADLINE, Duration::from_millis(20), || async {
-        let status = client.cluster_status().await;
-        let Some(voters) = settled_voters(client).await else {
-            *last_seen.lock().unwrap() = match status {
-                Ok(status) => unsettled_shards(&status),
-                Err(error) => format!("cluster status failed: {error}"),
-            };
+        let status = match client.cluster_status().await {
+            Ok(status) => status,
+            Err(error) => {
+                *last_seen.lock().unwrap() = format!("cluster status failed: {error}");
+                return None;
+            }
+        };
+        let Some(voters) = settled_voters_in(&status) else {
+            *last_seen.lock().unwrap() = unsettled_shards(&status);
             return None;
         };
         let held: BTreeSet<u64> = voters.iter().flatten().copied().collect();
@@ -80,11 +91,7 @@ fn unsettled_shards(status: &ClusterStatusResponse) -> String {
     status
         .shards
         .iter()
-        .filter(|shard| {
-            let voters: BTreeSet<u64> = shard.voters.iter().copied().collect();
-            let placed: BTreeSet<u64> = shard.placed.iter().copied().collect();
-            shard.leader_id == 0 || !shard.learners.is_empty() || voters != placed
-        })
+        .filter(|shard| !is_settled(shard))
         .map(|shard| {
             let replicas: Vec<String> = shard
                 .replicas
