@@ -301,7 +301,7 @@ impl ShardReader {
         let index = (sequence - first) as usize;
         runs::live_message(&self.tree, &run_key, &run, index)
             .map_err(storage_error::read_state_machine)?
-            .map(|bytes| self.resolve(bytes))
+            .map(|bytes| self.resolve(&bytes))
             .transpose()
     }
 
@@ -334,7 +334,7 @@ impl ShardReader {
                 let bytes = run
                     .message_within(index)
                     .map_err(storage_error::read_state_machine)?;
-                return Ok(Some((first + index as u64, self.resolve(bytes)?)));
+                return Ok(Some((first + index as u64, self.resolve(&bytes)?)));
             }
             let after = keys::message(queue, producer, first + run.len() as u64);
             next = runs::first_from(&self.tree, &after, &prefix)
@@ -383,7 +383,7 @@ impl ShardReader {
                     let message = run
                         .message_within(index)
                         .map_err(storage_error::read_state_machine)?;
-                    resting::hash_message(message, &mut hasher)
+                    resting::hash_message(&message, &mut hasher)
                         .map_err(storage_error::read_state_machine)?;
                 }
             } else {

@@ -117,7 +117,7 @@ fn varint_len(value: u32) -> u64 {
 /// comes from one entry, so all its messages share one form and segment).
 pub(crate) fn run_segment<B: AsRef<[u8]>>(run: &Run<B>) -> Result<Option<u64>, RestingError> {
     let first = run.message_within(0)?;
-    let (payload, _) = postcard::take_from_bytes::<RestingPayload<'_>>(first)?;
+    let (payload, _) = postcard::take_from_bytes::<RestingPayload<'_>>(&first)?;
     Ok(match payload {
         RestingPayload::Logged(logged) => Some(logged.segment),
         RestingPayload::Inline(_) => None,
@@ -164,7 +164,7 @@ pub(crate) fn inlined(value: &[u8], log: &Wal) -> Result<Vec<u8>, RestingError> 
 pub(crate) fn inlined_run(run_bytes: &[u8], log: &Wal) -> Result<Vec<u8>, RestingError> {
     let run = Run::parse(run_bytes)?;
     let messages = (0..run.len())
-        .map(|index| inlined(run.message_within(index)?, log))
+        .map(|index| inlined(&run.message_within(index)?, log))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(runs::encode(&messages))
 }

@@ -178,7 +178,7 @@ fn check_run(key: &[u8], value: &[u8]) -> Result<usize, String> {
     let run = runs::Run::parse(value).map_err(|e| e.to_string())?;
     for index in 0..run.len() {
         let message = run.message_within(index).map_err(|e| e.to_string())?;
-        resting::check_inline(message).map_err(|e| e.to_string())?;
+        resting::check_inline(&message).map_err(|e| e.to_string())?;
     }
     Ok(run.len())
 }

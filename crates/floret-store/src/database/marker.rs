@@ -1,5 +1,6 @@
 //! The format marker that tells a floret data dir from anything else: a
-//! new data dir gets one, an existing one must carry this build's format.
+//! new data dir gets one, an existing one must carry this build's format
+//! or one it reads and upgrades in place.
 
 use std::fs;
 use std::io;
@@ -9,8 +10,14 @@ use super::OpenError;
 
 /// Name of the marker file written into every floret data dir.
 pub const MARKER_FILE: &str = "FLORET";
-/// Version of the on-disk layout this build reads and writes.
-pub const FORMAT_VERSION: u32 = 4;
+/// Version of the on-disk layout this build reads and writes. Format 5
+/// stores most message runs packed (`runs/packed.rs`), which a format-4
+/// build cannot read.
+pub const FORMAT_VERSION: u32 = 5;
+
+/// Older formats this build reads as they are: their data dirs are marked
+/// with [`FORMAT_VERSION`] on open, so an older build no longer opens them.
+const UPGRADED_FORMATS: [u32; 1] = [4];
 
 /// Checks (or, for a new data dir, writes) the format marker; true when
 /// the data dir was created.
@@ -24,6 +31,17 @@ pub(super) fn check_marker(dir: &Path) -> Result<bool, OpenError> {
         Ok(content) => {
             let found = content.trim();
             if found == format!("format {FORMAT_VERSION}") {
+                Ok(false)
+            } else if UPGRADED_FORMATS
+                .iter()
+                .any(|old| found == format!("format {old}"))
+            {
+                let upgraded = dir.join(format!("{MARKER_FILE}.upgrading"));
+                write_durably(&upgraded)
+                    .and_then(|()| fs::rename(&upgraded, &marker))
+                    .and_then(|()| fs::File::open(dir)?.sync_all())
+                    .map_err(io_error)?;
+                tracing::info!(path = %dir.display(), from = found, "data dir upgraded to format {FORMAT_VERSION}");
                 Ok(false)
             } else {
                 Err(OpenError::UnknownFormat {
@@ -39,15 +57,49 @@ pub(super) fn check_marker(dir: &Path) -> Result<bool, OpenError> {
                     path: dir.to_path_buf(),
                 });
             }
-            fs::write(&marker, format!("format {FORMAT_VERSION}\n")).map_err(io_error)?;
-            fs::File::open(&marker)
-                .and_then(|f| f.sync_all())
-                .map_err(io_error)?;
+            write_durably(&marker).map_err(io_error)?;
             fs::File::open(dir)
                 .and_then(|f| f.sync_all())
                 .map_err(io_error)?;
             Ok(true)
         }
         Err(error) => Err(io_error(error)),
+    }
+}
+
+/// Writes this build's marker to `path` and syncs it.
+fn write_durably(path: &Path) -> io::Result<()> {
+    fs::write(path, format!("format {FORMAT_VERSION}\n"))?;
+    fs::File::open(path)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_format_4_data_dir_is_read_and_marked_so_an_older_build_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(MARKER_FILE), "format 4\n").unwrap();
+        assert!(!check_marker(dir.path()).unwrap());
+        let marker = fs::read_to_string(dir.path().join(MARKER_FILE)).unwrap();
+        assert_eq!(marker.trim(), format!("format {FORMAT_VERSION}"));
+        assert!(!check_marker(dir.path()).unwrap(), "opens again as it is");
+    }
+
+    #[test]
+    fn a_format_this_build_does_not_read_is_refused_untouched() {
+        for found in ["format 3", "format 6", "something else"] {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join(MARKER_FILE), found).unwrap();
+            assert!(matches!(
+                check_marker(dir.path()),
+                Err(OpenError::UnknownFormat { .. })
+            ));
+            assert_eq!(
+                fs::read_to_string(dir.path().join(MARKER_FILE)).unwrap(),
+                found
+            );
+        }
     }
 }

@@ -37,6 +37,8 @@ mod dead_letters;
 mod ops;
 mod overlay;
 #[cfg(test)]
+mod packed_run_tests;
+#[cfg(test)]
 mod tests;
 
 use std::io::Cursor;

@@ -49,7 +49,7 @@ impl PendingApply<'_> {
             });
         }
         let mut values = Vec::with_capacity(enqueue.messages.len());
-        let mut added_bytes = 0;
+        let mut accounted_lengths = Vec::with_capacity(enqueue.messages.len());
         for (message, logged) in enqueue.messages.iter().zip(logged) {
             let payload = match logged {
                 Some(at) => RestingPayload::Logged(LoggedPayload {
@@ -61,9 +61,10 @@ impl PendingApply<'_> {
                 None => RestingPayload::Inline(&message.payload),
             };
             let value = resting::encode_resting(payload, &message.headers, enqueue.enqueued_at_ms);
-            added_bytes += accounted(&value)?;
+            accounted_lengths.push(accounted(&value)?);
             values.push(value);
         }
+        let added_bytes = accounted_lengths.iter().sum();
         let overflow = policy.overflow.unwrap_or_default();
         if overflow == Overflow::Reject
             && policy.exceeded_by(record.messages + count, record.bytes + added_bytes)
@@ -86,7 +87,7 @@ impl PendingApply<'_> {
             });
         }
         let over_limit = policy.exceeded_by(record.messages, record.bytes);
-        for run in runs::split(&values) {
+        for run in runs::split(&accounted_lengths) {
             let first = first_sequence + run.start as u64;
             self.add_run(&enqueue.queue, &enqueue.producer, first, &values[run]);
         }

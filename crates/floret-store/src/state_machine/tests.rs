@@ -16,14 +16,14 @@ use crate::types::{
 use crate::wal::SegmentRuns;
 use crate::{Database, SetSink, SinkSpec, SinkTarget, keys};
 
-const SHARD: u32 = 0;
+pub(super) const SHARD: u32 = 0;
 
-fn log_id(index: u64) -> LogId {
+pub(super) fn log_id(index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(1, 1), index)
 }
 
 /// A payload no other stored byte could contain by chance.
-fn payload(n: u8) -> Vec<u8> {
+pub(super) fn payload(n: u8) -> Vec<u8> {
     let mut payload = b"payload-that-must-be-written-once-".to_vec();
     payload.extend(std::iter::repeat_n(n, 64));
     payload
@@ -50,7 +50,7 @@ fn enqueue(index: u64, producer: &str, payloads: &[Vec<u8>]) -> Entry<TypeConfig
     }
 }
 
-fn message(producer: &str, sequence: u64) -> MessageRef {
+pub(super) fn message(producer: &str, sequence: u64) -> MessageRef {
     MessageRef {
         queue: "q".into(),
         producer: producer.into(),
@@ -58,7 +58,7 @@ fn message(producer: &str, sequence: u64) -> MessageRef {
     }
 }
 
-fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+pub(super) fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
     Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Command { ops }),
@@ -67,7 +67,7 @@ fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
 
 /// Appends `entry` to the node's log (synced if `sync`), reads it back
 /// through the shard's log store as openraft does, and applies it.
-async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: bool) {
+pub(super) async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: bool) {
     let index = entry.log_id.index;
     database
         .wal()

@@ -12,7 +12,10 @@
 //!   and the payload inline or as a pointer into the raft log), one after
 //!   the other.
 //!
-//! so reading the i-th message is two offset reads and a slice. A run's key
+//! so reading the i-th message is two offset reads and a slice. The usual
+//! run, whose payloads all lie in one segment of the raft log, is stored
+//! packed instead (`packed.rs`: about 7 bytes a message instead of 24),
+//! and reads back as the same plain encodings. A run's key
 //! is the key of its first message ([`crate::keys::message`]); a run holds
 //! consecutive sequences. Messages are removed (acked, dropped, dead
 //! lettered) by setting their bit in the run's removal marks, a small value
@@ -34,19 +37,28 @@
 //!   version of their own: every node of a cluster must run the same data
 //!   format.
 
+use std::borrow::Cow;
+
 use crate::keys;
 use crate::shard_tree::ShardTree;
 
-/// Most bytes of encoded messages a run holds: a produce call larger than
-/// this is stored as several runs. sled splits its leaves by entry count
-/// (16), not size, and writes a whole leaf out again every 10 changes to
-/// it, so the leaves of large runs are large: with 32 KiB runs of inline
-/// payloads a backlog of 1,000,000 messages wrote 9 times its size and
-/// held about 85 MiB whatever the cache size; 4 KiB runs (about 28
-/// messages of 128 bytes inline, about 130 with their payloads in the
-/// raft log) stay near the configured cache (see
-/// `examples/backlog_footprint.rs`).
-pub(crate) const MAX_RUN_BYTES: usize = 4 * 1024;
+mod packed;
+
+/// Most bytes a run's messages count against their producer (each its
+/// size stored inline, [`crate::resting::accounted_len`]): a produce call
+/// larger than this is stored as several runs. The split must not depend
+/// on the form a replica stores (a payload inline or in its log), or
+/// replicas would hold different keys for the same messages. sled splits
+/// its leaves by entry count (16), not size, so the leaves of large runs
+/// are large: 32 KiB runs of inline payloads held about 85 MiB for a
+/// backlog of 1,000,000 messages whatever the cache size (see
+/// `examples/backlog_footprint.rs`). 16 KiB keeps a produce call of 100
+/// messages of 128 bytes in one run; packed, such a run is about 700 bytes.
+pub(crate) const MAX_RUN_BYTES: u64 = 16 * 1024;
+
+/// Most messages a run holds, so that reading one of a packed run decodes
+/// a bounded number of entries before it.
+pub(crate) const MAX_RUN_MESSAGES: usize = 256;
 
 /// A stored value that is not a well-formed run or set of marks: the data
 /// dir is damaged or not floret's.
@@ -54,8 +66,14 @@ pub(crate) const MAX_RUN_BYTES: usize = 4 * 1024;
 #[error("corrupt message run: {0}")]
 pub struct RunError(pub(crate) &'static str);
 
-/// Encodes messages (each already in its stored encoding) as one run.
+/// Encodes messages (each already in its stored encoding) as one run:
+/// packed when they allow it, plain otherwise.
 pub(crate) fn encode<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
+    packed::pack(messages).unwrap_or_else(|| encode_plain(messages))
+}
+
+/// Encodes messages as a plain run: a count, the end offsets, the data.
+fn encode_plain<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
     let data_len: usize = messages.iter().map(|m| m.as_ref().len()).sum();
     let mut run = Vec::with_capacity(4 + 4 * messages.len() + data_len);
     run.extend_from_slice(&(messages.len() as u32).to_le_bytes());
@@ -70,21 +88,23 @@ pub(crate) fn encode<M: AsRef<[u8]>>(messages: &[M]) -> Vec<u8> {
     run
 }
 
-/// Splits `messages` into runs of at most [`MAX_RUN_BYTES`] (a single larger
-/// message is a run of its own): the index range of each run.
-pub(crate) fn split<M: AsRef<[u8]>>(messages: &[M]) -> Vec<std::ops::Range<usize>> {
+/// Splits a produce call's messages, given the bytes each counts against
+/// its producer, into runs of at most [`MAX_RUN_BYTES`] and
+/// [`MAX_RUN_MESSAGES`] (a single larger message is a run of its own): the
+/// index range of each run.
+pub(crate) fn split(accounted: &[u64]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let (mut start, mut bytes) = (0, 0);
-    for (index, message) in messages.iter().enumerate() {
-        let len = message.as_ref().len();
-        if index > start && bytes + len > MAX_RUN_BYTES {
+    for (index, &len) in accounted.iter().enumerate() {
+        let full = bytes + len > MAX_RUN_BYTES || index - start == MAX_RUN_MESSAGES;
+        if index > start && full {
             runs.push(start..index);
             (start, bytes) = (index, 0);
         }
         bytes += len;
     }
-    if start < messages.len() {
-        runs.push(start..messages.len());
+    if start < accounted.len() {
+        runs.push(start..accounted.len());
     }
     runs
 }
@@ -94,21 +114,40 @@ pub(crate) fn split<M: AsRef<[u8]>>(messages: &[M]) -> Vec<std::ops::Range<usize
 pub(crate) struct Run<B> {
     bytes: B,
     count: usize,
+    /// What a packed run's messages share; None for a plain run.
+    packed: Option<packed::Shared>,
 }
 
 impl<B: AsRef<[u8]>> Run<B> {
     /// Checks the framing of a stored run.
     pub(crate) fn parse(bytes: B) -> Result<Self, RunError> {
         let raw = bytes.as_ref();
-        let count = raw
+        let first_word = raw
             .first_chunk::<4>()
-            .map(|count| u32::from_le_bytes(*count) as usize)
+            .map(|word| u32::from_le_bytes(*word))
             .ok_or(RunError("shorter than its header"))?;
+        if first_word & packed::PACKED != 0 {
+            let count = (first_word & !packed::PACKED) as usize;
+            if count == 0 {
+                return Err(RunError("a packed run of no messages"));
+            }
+            let shared = packed::parse(raw, count)?;
+            return Ok(Self {
+                bytes,
+                count,
+                packed: Some(shared),
+            });
+        }
+        let count = first_word as usize;
         let data_start = 4 + 4 * count;
         if count == 0 || raw.len() < data_start {
             return Err(RunError("message count does not fit the value"));
         }
-        let run = Self { bytes, count };
+        let run = Self {
+            bytes,
+            count,
+            packed: None,
+        };
         if run.end(count - 1) != run.bytes.as_ref().len() - data_start {
             return Err(RunError("offsets do not cover the data"));
         }
@@ -130,22 +169,25 @@ impl<B: AsRef<[u8]>> Run<B> {
         self.count
     }
 
-    /// The stored encoding of message `index`; None past the run's end,
-    /// an error when the offsets are damaged.
-    pub(crate) fn message(&self, index: usize) -> Result<Option<&[u8]>, RunError> {
+    /// The stored encoding of message `index` (rebuilt, for a packed run);
+    /// None past the run's end, an error when the offsets are damaged.
+    pub(crate) fn message(&self, index: usize) -> Result<Option<Cow<'_, [u8]>>, RunError> {
         if index >= self.count {
             return Ok(None);
+        }
+        if let Some(shared) = &self.packed {
+            return packed::message(self.bytes.as_ref(), shared, index).map(Some);
         }
         let start = if index == 0 { 0 } else { self.end(index - 1) };
         let data = &self.bytes.as_ref()[4 + 4 * self.count..];
         data.get(start..self.end(index))
-            .map(Some)
+            .map(|message| Some(Cow::Borrowed(message)))
             .ok_or(RunError("offsets out of order"))
     }
 
     /// The stored encoding of message `index`, which the caller found in
     /// the run (a live index from its marks): a missing one is corruption.
-    pub(crate) fn message_within(&self, index: usize) -> Result<&[u8], RunError> {
+    pub(crate) fn message_within(&self, index: usize) -> Result<Cow<'_, [u8]>, RunError> {
         self.message(index)?
             .ok_or(RunError("a message index past the run"))
     }
@@ -229,7 +271,7 @@ pub(crate) fn live_message<'r>(
     run_key: &[u8],
     run: &'r Run<sled::IVec>,
     index: usize,
-) -> Result<Option<&'r [u8]>, RunStoreError> {
+) -> Result<Option<Cow<'r, [u8]>>, RunStoreError> {
     let Some(message) = run.message(index)? else {
         return Ok(None);
     };
@@ -284,10 +326,13 @@ mod tests {
         let run = Run::parse(encode(&messages)).unwrap();
         assert_eq!(run.len(), 3);
         for (index, message) in messages.iter().enumerate() {
-            assert_eq!(run.message(index).unwrap(), Some(message.as_slice()));
+            assert_eq!(
+                run.message(index).unwrap().as_deref(),
+                Some(message.as_slice())
+            );
         }
         assert_eq!(run.message(3).unwrap(), None);
-        assert_eq!(run.message_within(2).unwrap(), b"ccc");
+        assert_eq!(&*run.message_within(2).unwrap(), b"ccc");
         assert!(
             run.message_within(3).is_err(),
             "an index the marks call live but the run lacks is corruption"
@@ -310,12 +355,19 @@ mod tests {
 
     #[test]
     fn large_produce_is_split_into_runs_below_the_cap() {
-        let messages = vec![vec![0u8; MAX_RUN_BYTES / 3]; 7];
-        let runs = split(&messages);
-        assert_eq!(runs, vec![0..3, 3..6, 6..7]);
-        let huge = vec![vec![0u8; MAX_RUN_BYTES * 2], vec![1]];
-        assert_eq!(split(&huge), vec![0..1, 1..2]);
-        assert!(split::<Vec<u8>>(&[]).is_empty());
+        let third = MAX_RUN_BYTES / 3;
+        assert_eq!(split(&[third; 7]), vec![0..3, 3..6, 6..7]);
+        assert_eq!(split(&[MAX_RUN_BYTES * 2, 1]), vec![0..1, 1..2]);
+        assert!(split(&[]).is_empty());
+        let many_small = vec![1; MAX_RUN_MESSAGES * 2 + 1];
+        assert_eq!(
+            split(&many_small),
+            vec![
+                0..MAX_RUN_MESSAGES,
+                MAX_RUN_MESSAGES..MAX_RUN_MESSAGES * 2,
+                MAX_RUN_MESSAGES * 2..MAX_RUN_MESSAGES * 2 + 1
+            ]
+        );
     }
 
     #[test]
