@@ -92,13 +92,33 @@ const SYNCED_UPTO_FILE: &str = "synced-upto";
 
 /// Records that segment `segment` of the log in `dir` is durable up to
 /// `len` bytes (through a rename, so a kill never leaves half a record).
+/// Syncs may run at once (the flusher's and a retirement's): the records
+/// are written one at a time, and one behind what is recorded already is
+/// skipped, so the record only moves forward.
 #[cfg(feature = "failpoints")]
 pub(crate) fn record_synced(dir: &Path, segment: u64, len: u64) -> std::io::Result<()> {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    static RECORDED: Mutex<Option<HashMap<PathBuf, (u64, u64)>>> = Mutex::new(None);
+    let mut recorded = RECORDED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let furthest = recorded
+        .get_or_insert_with(HashMap::new)
+        .entry(dir.to_path_buf())
+        .or_insert((0, 0));
+    if (segment, len) < *furthest {
+        return Ok(());
+    }
     let mut bytes = segment.to_le_bytes().to_vec();
     bytes.extend(len.to_le_bytes());
     let fresh = dir.join(format!("{SYNCED_UPTO_FILE}.new"));
     std::fs::write(&fresh, bytes)?;
-    std::fs::rename(fresh, dir.join(SYNCED_UPTO_FILE))
+    std::fs::rename(fresh, dir.join(SYNCED_UPTO_FILE))?;
+    *furthest = (segment, len);
+    Ok(())
 }
 
 /// Emulates a power failure on the data dir `data_dir` (raft log in
@@ -167,4 +187,27 @@ pub(crate) fn check_power_loss_sound(log_was_purged: bool) -> std::io::Result<()
         ));
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "failpoints"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syncs_recorded_at_once_neither_fail_nor_move_the_record_back() {
+        let dir = tempfile::tempdir().unwrap();
+        std::thread::scope(|threads| {
+            for thread in 0..8u64 {
+                let dir = dir.path();
+                threads.spawn(move || {
+                    for len in 0..200u64 {
+                        record_synced(dir, 3, len * 8 + thread).unwrap();
+                    }
+                });
+            }
+        });
+        let bytes = std::fs::read(dir.path().join(SYNCED_UPTO_FILE)).unwrap();
+        let len = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+        assert_eq!(len, 199 * 8 + 7, "the furthest sync of any thread");
+    }
 }
