@@ -3,10 +3,9 @@
 //! back, acked, dead lettered and carried by snapshots as plain runs are;
 //! and runs split alike whichever form a replica stores.
 
-use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{Entry, EntryPayload};
 
-use super::tests::{SHARD, append_and_apply, log_id, message, ops, payload};
+use super::tests::{SHARD, append_and_apply, install_snapshot_of, log_id, message, ops, payload};
 use crate::records::{StoredMessage, decode};
 use crate::types::{
     Command, DeadLetterReason, Discard, Discarded, Enqueue, NewMessage, Op, TypeConfig,
@@ -136,19 +135,8 @@ async fn snapshot_of_packed_runs_carries_their_payloads_to_a_replica() {
     let target_dir = tempfile::tempdir().unwrap();
     let source = Database::open(source_dir.path()).unwrap();
     append_and_apply(&source, enqueue_without_headers(1, "a", 20), true).await;
-    let mut builder = source
-        .state_machine(SHARD, None)
-        .unwrap()
-        .get_snapshot_builder()
-        .await;
-    let snapshot = builder.build_snapshot().await.unwrap();
     let target = Database::open(target_dir.path()).unwrap();
-    let mut installer = target.state_machine(SHARD, None).unwrap();
-    installer
-        .install_snapshot(&snapshot.meta, snapshot.snapshot)
-        .await
-        .unwrap();
-    let reader = installer.reader();
+    let reader = install_snapshot_of(&source, &target).await;
     for sequence in 0..20 {
         let read = reader.message("q", "a", sequence).unwrap().unwrap();
         assert_eq!(read.payload, payload(sequence as u8));

@@ -8,6 +8,7 @@ use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload};
 
 use crate::log_store::encode_entry;
+use crate::reader::ShardReader;
 use crate::records::{StoredMessage, decode};
 use crate::types::{
     Command, DeadLetterReason, Discard, Discarded, Enqueue, LogId, MessageRef, NewMessage, Op,
@@ -237,25 +238,31 @@ async fn dead_letter_of_a_logged_message_keeps_its_payload() {
     assert_eq!(database.wal().pins_of(SHARD), SegmentRuns::new());
 }
 
-#[tokio::test]
-async fn snapshot_carries_payloads_to_a_replica_without_this_log() {
-    let source_dir = tempfile::tempdir().unwrap();
-    let target_dir = tempfile::tempdir().unwrap();
-    let source = Database::open(source_dir.path()).unwrap();
-    append_and_apply(&source, enqueue(1, "a", &[payload(1), payload(2)]), true).await;
+/// Builds a snapshot of the shard on `source` and installs it on `target`:
+/// a reader of the installed state.
+pub(super) async fn install_snapshot_of(source: &Database, target: &Database) -> ShardReader {
     let mut builder = source
         .state_machine(SHARD, None)
         .unwrap()
         .get_snapshot_builder()
         .await;
     let snapshot = builder.build_snapshot().await.unwrap();
-    let target = Database::open(target_dir.path()).unwrap();
     let mut installer = target.state_machine(SHARD, None).unwrap();
     installer
         .install_snapshot(&snapshot.meta, snapshot.snapshot)
         .await
         .unwrap();
-    let reader = installer.reader();
+    installer.reader()
+}
+
+#[tokio::test]
+async fn snapshot_carries_payloads_to_a_replica_without_this_log() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let target_dir = tempfile::tempdir().unwrap();
+    let source = Database::open(source_dir.path()).unwrap();
+    append_and_apply(&source, enqueue(1, "a", &[payload(1), payload(2)]), true).await;
+    let target = Database::open(target_dir.path()).unwrap();
+    let reader = install_snapshot_of(&source, &target).await;
     assert_eq!(
         reader.message("q", "a", 0).unwrap().unwrap().payload,
         payload(1)
