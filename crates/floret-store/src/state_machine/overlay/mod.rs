@@ -5,7 +5,6 @@
 //! the reader's in-memory tables. What each operation means is `ops.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ops::Bound;
 
 use crate::change_set::ChangeSet;
 use crate::keys;
@@ -13,7 +12,7 @@ use crate::policy::Policy;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, ProducerRecord, encode};
 use crate::resting;
-use crate::runs::{self, Removed, Run};
+use crate::runs::Run;
 use crate::shard_tree::{ShardTree, WRITE_OUT_BYTES};
 use crate::storage_error;
 use crate::types::{NewMessage, ShardId, StorageError};
@@ -21,32 +20,9 @@ use crate::wal::{PayloadSection, SegmentRuns, Wal};
 
 use super::AppliedEvent;
 
-/// A run's bytes: as read from the tree, or written by this apply.
-pub(super) enum RunBytes {
-    Stored(sled::IVec),
-    New(Vec<u8>),
-}
+mod touched_runs;
 
-impl AsRef<[u8]> for RunBytes {
-    fn as_ref(&self) -> &[u8] {
-        match self {
-            RunBytes::Stored(bytes) => bytes,
-            RunBytes::New(bytes) => bytes,
-        }
-    }
-}
-
-/// A run as one apply leaves it so far.
-pub(super) struct TouchedRun {
-    pub(super) run: Run<RunBytes>,
-    pub(super) removed: Removed,
-    /// Whether its removal marks changed in this apply.
-    pub(super) marks_changed: bool,
-    /// Whether the tree held removal marks for it when this apply began, so
-    /// removing the whole run must delete them too (a run removed in one go
-    /// never had any, and a deletion of nothing would still be written).
-    pub(super) marks_stored: bool,
-}
+pub(super) use touched_runs::{RunBytes, TouchedRun};
 
 /// Changes of one `apply` call, gathered before they are written as one
 /// change set. Reads go through [`PendingApply::get`], which sees this
@@ -201,172 +177,6 @@ impl<'a> PendingApply<'a> {
             self.producers.insert(key.clone(), record);
         }
         Ok(self.producers.get_mut(&key).expect("inserted above"))
-    }
-
-    /// Adds a run of `messages` (stored encodings) starting at `first`.
-    pub(super) fn add_run(
-        &mut self,
-        queue: &str,
-        producer: &str,
-        first: u64,
-        messages: &[Vec<u8>],
-    ) {
-        let run = Run::parse(RunBytes::New(runs::encode(messages)))
-            .expect("a run just encoded is well formed");
-        let removed = Removed::none(run.len());
-        self.runs.insert(
-            keys::message(queue, producer, first),
-            TouchedRun {
-                run,
-                removed,
-                marks_changed: false,
-                marks_stored: false,
-            },
-        );
-    }
-
-    /// Brings a stored run into `runs`, unless this apply touched it
-    /// already; returns its key.
-    pub(super) fn touch(
-        &mut self,
-        key: sled::IVec,
-        run: Run<sled::IVec>,
-    ) -> Result<Vec<u8>, StorageError> {
-        let key = key.to_vec();
-        if !self.runs.contains_key(&key) {
-            let marks = self
-                .tree()
-                .get(keys::removed(&key))
-                .map_err(storage_error::read_state_machine)?;
-            let removed = Removed::stored(marks.as_deref(), run.len())
-                .map_err(storage_error::read_state_machine)?;
-            let run = Run::parse(RunBytes::Stored(run.into_bytes()))
-                .map_err(storage_error::read_state_machine)?;
-            self.runs.insert(
-                key.clone(),
-                TouchedRun {
-                    run,
-                    removed,
-                    marks_changed: false,
-                    marks_stored: marks.is_some(),
-                },
-            );
-        }
-        Ok(key)
-    }
-
-    /// The run that holds `sequence` of the producer as this apply leaves
-    /// it so far, with the message's index in it; None if no run does.
-    pub(super) fn run_holding(
-        &mut self,
-        queue: &str,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<Option<(Vec<u8>, usize)>, StorageError> {
-        let prefix = keys::message_prefix(queue, producer);
-        let key = keys::message(queue, producer, sequence);
-        let holds = |run_key: &[u8], run: &TouchedRun| {
-            let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
-            let index = (sequence - first) as usize;
-            (index < run.run.len()).then_some(index)
-        };
-        let touched = self
-            .runs
-            .range::<[u8], _>((
-                Bound::Included(prefix.as_slice()),
-                Bound::Included(key.as_slice()),
-            ))
-            .next_back();
-        if let Some((run_key, run)) = touched
-            && let Some(index) = holds(run_key, run)
-        {
-            return Ok(Some((run_key.clone(), index)));
-        }
-        let touched = touched.map(|(run_key, _)| run_key.clone());
-        let stored = if self.forgotten.contains(&prefix) {
-            None
-        } else {
-            runs::last_in(self.tree(), &prefix, &key).map_err(storage_error::read_state_machine)?
-        };
-        let run_key = match (touched, stored) {
-            (Some(touched), Some((stored, run))) if stored.as_ref() > touched.as_slice() => {
-                self.touch(stored, run)?
-            }
-            (Some(touched), _) => touched,
-            (None, Some((stored, run))) => self.touch(stored, run)?,
-            (None, None) => return Ok(None),
-        };
-        Ok(holds(&run_key, &self.runs[&run_key]).map(|index| (run_key, index)))
-    }
-
-    /// The run that holds `sequence` of the producer, or else its first run
-    /// after it, with the index to start from; None if there is neither.
-    pub(super) fn run_from(
-        &mut self,
-        queue: &str,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<Option<(Vec<u8>, usize)>, StorageError> {
-        if let Some(holding) = self.run_holding(queue, producer, sequence)? {
-            return Ok(Some(holding));
-        }
-        let prefix = keys::message_prefix(queue, producer);
-        let key = keys::message(queue, producer, sequence);
-        let touched = self
-            .runs
-            .range::<[u8], _>((Bound::Included(key.as_slice()), Bound::Unbounded))
-            .next()
-            .map(|(run_key, _)| run_key)
-            .filter(|run_key| run_key.starts_with(&prefix))
-            .cloned();
-        let stored = if self.forgotten.contains(&prefix) {
-            None
-        } else {
-            runs::first_from(self.tree(), &key, &prefix)
-                .map_err(storage_error::read_state_machine)?
-        };
-        let run_key = match (touched, stored) {
-            (Some(touched), Some((stored, run))) if stored.as_ref() < touched.as_slice() => {
-                self.touch(stored, run)?
-            }
-            (Some(touched), _) => touched,
-            (None, Some((stored, run))) => self.touch(stored, run)?,
-            (None, None) => return Ok(None),
-        };
-        Ok(Some((run_key, 0)))
-    }
-
-    /// Marks message `index` of a touched run removed; its stored encoding,
-    /// or None if it was removed already.
-    pub(super) fn remove_from_run(
-        &mut self,
-        run_key: &[u8],
-        index: usize,
-    ) -> Result<Option<Vec<u8>>, StorageError> {
-        let touched = self.runs.get_mut(run_key).expect("the run was touched");
-        if touched.removed.contains(index) {
-            return Ok(None);
-        }
-        let message = touched
-            .run
-            .message_within(index)
-            .map_err(storage_error::read_state_machine)?;
-        let message = message.to_vec();
-        touched.removed.insert(index);
-        touched.marks_changed = true;
-        Ok(Some(message))
-    }
-
-    /// Whether `sequence` of the producer is stored as this apply leaves it so far.
-    pub(super) fn is_stored(
-        &mut self,
-        queue: &str,
-        producer: &str,
-        sequence: u64,
-    ) -> Result<bool, StorageError> {
-        Ok(self
-            .run_holding(queue, producer, sequence)?
-            .is_some_and(|(run_key, index)| !self.runs[&run_key].removed.contains(index)))
     }
 
     /// Removes the delivery time of a message being deleted, if it has one.
