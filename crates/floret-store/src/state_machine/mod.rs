@@ -39,6 +39,8 @@ mod overlay;
 #[cfg(test)]
 mod packed_run_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
 
 use std::io::Cursor;

@@ -3,34 +3,24 @@
 //! back, acked, dead lettered and carried by snapshots as plain runs are;
 //! and runs split alike whichever form a replica stores.
 
-use openraft::{Entry, EntryPayload};
+use openraft::Entry;
 
-use super::tests::{SHARD, append_and_apply, install_snapshot_of, log_id, message, ops, payload};
-use crate::records::{StoredMessage, decode};
-use crate::types::{
-    Command, DeadLetterReason, Discard, Discarded, Enqueue, NewMessage, Op, TypeConfig,
+use super::test_support::{
+    SHARD, append_and_apply, enqueue_messages, install_snapshot_of, message, ops, payload,
 };
+use crate::records::{StoredMessage, decode};
+use crate::types::{DeadLetterReason, Discard, Discarded, NewMessage, Op, TypeConfig};
 use crate::{Database, keys};
 
 /// One produce call of `count` messages without headers, the usual shape.
 fn enqueue_without_headers(index: u64, producer: &str, count: u8) -> Entry<TypeConfig> {
-    Entry {
-        log_id: log_id(index),
-        payload: EntryPayload::Normal(Command {
-            ops: vec![Op::Enqueue(Enqueue {
-                queue: "q".into(),
-                producer: producer.into(),
-                producer_sequence: None,
-                enqueued_at_ms: 1_700_000_000_000,
-                messages: (0..count)
-                    .map(|n| NewMessage {
-                        payload: payload(n),
-                        headers: Default::default(),
-                    })
-                    .collect(),
-            })],
-        }),
-    }
+    let messages = (0..count)
+        .map(|n| NewMessage {
+            payload: payload(n),
+            headers: Default::default(),
+        })
+        .collect();
+    enqueue_messages(index, producer, messages)
 }
 
 /// Bytes of every stored message run of the shard.

@@ -1,0 +1,96 @@
+//! What the state machine tests share: entries to append and apply
+//! through a node's own log as openraft does, and a snapshot carried from
+//! one database to another.
+
+use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload};
+
+use crate::Database;
+use crate::log_store::encode_entry;
+use crate::reader::ShardReader;
+use crate::types::{Command, Enqueue, LogId, MessageRef, NewMessage, Op, TypeConfig};
+
+pub(super) const SHARD: u32 = 0;
+
+pub(super) fn log_id(index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+/// A payload no other stored byte could contain by chance.
+pub(super) fn payload(n: u8) -> Vec<u8> {
+    let mut payload = b"payload-that-must-be-written-once-".to_vec();
+    payload.extend(std::iter::repeat_n(n, 64));
+    payload
+}
+
+/// An entry of one produce call of `messages` by `producer` to queue `q`.
+pub(super) fn enqueue_messages(
+    index: u64,
+    producer: &str,
+    messages: Vec<NewMessage>,
+) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command {
+            ops: vec![Op::Enqueue(Enqueue {
+                queue: "q".into(),
+                producer: producer.into(),
+                producer_sequence: None,
+                enqueued_at_ms: 1_700_000_000_000,
+                messages,
+            })],
+        }),
+    }
+}
+
+pub(super) fn message(producer: &str, sequence: u64) -> MessageRef {
+    MessageRef {
+        queue: "q".into(),
+        producer: producer.into(),
+        sequence,
+    }
+}
+
+pub(super) fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command { ops }),
+    }
+}
+
+/// Appends `entry` to the node's log (synced if `sync`), reads it back
+/// through the shard's log store as openraft does, and applies it.
+pub(super) async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: bool) {
+    let index = entry.log_id.index;
+    database
+        .wal()
+        .append(SHARD, vec![(entry.log_id, encode_entry(entry))])
+        .unwrap();
+    if sync {
+        database.wal().sync().unwrap();
+    }
+    let entries = database
+        .log_store(SHARD)
+        .try_get_log_entries(index..=index)
+        .await
+        .unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    state_machine.apply(entries).await.unwrap();
+}
+
+/// Builds a snapshot of the shard on `source` and installs it on `target`:
+/// a reader of the installed state.
+pub(super) async fn install_snapshot_of(source: &Database, target: &Database) -> ShardReader {
+    let mut builder = source
+        .state_machine(SHARD, None)
+        .unwrap()
+        .get_snapshot_builder()
+        .await;
+    let snapshot = builder.build_snapshot().await.unwrap();
+    let mut installer = target.state_machine(SHARD, None).unwrap();
+    installer
+        .install_snapshot(&snapshot.meta, snapshot.snapshot)
+        .await
+        .unwrap();
+    installer.reader()
+}
