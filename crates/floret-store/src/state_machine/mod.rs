@@ -9,7 +9,8 @@
 //! deterministic and is returned as a `StorageError`, which stops the group
 //! rather than letting replicas diverge.
 //!
-//! Files: `overlay.rs` gathers one apply's changes and reads through them,
+//! Files: `overlay/` gathers one apply's changes and reads through them
+//! (`overlay/touched_runs.rs`: the runs it touches),
 //! `ops.rs` says what each operation means (`dead_letters.rs` for dead
 //! letters); this file is the openraft
 //! glue (apply, snapshots) and the events.
