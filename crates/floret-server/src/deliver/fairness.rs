@@ -243,7 +243,11 @@ mod tests {
         }
         let samples = &window.producers[&producer].dwell_ms;
         assert_eq!(samples.len(), DWELL_SAMPLES);
-        assert!(samples.capacity() <= DWELL_SAMPLES, "{}", samples.capacity());
+        assert!(
+            samples.capacity() <= DWELL_SAMPLES,
+            "{}",
+            samples.capacity()
+        );
         let figures = window.figures(100);
         assert_eq!(figures[&producer].dwell_p99_ms, 9_999);
         assert_eq!(figures[&producer].dwell_p50_ms, 9_967);
@@ -259,6 +263,10 @@ mod tests {
         let last = "last".to_string();
         window.delivered(&last, 110, Some(1));
         assert_eq!(window.producers.len(), 1);
-        assert!(window.producers.capacity() < 1_000, "{}", window.producers.capacity());
+        assert!(
+            window.producers.capacity() < 1_000,
+            "{}",
+            window.producers.capacity()
+        );
     }
 }

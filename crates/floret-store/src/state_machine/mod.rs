@@ -351,13 +351,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         let file = self.file.clone();
         let saved_meta = meta.clone();
-        let data = off_the_runtime(move || {
-            let data = image.to_bytes();
-            file.save(&saved_meta, &data).map(|()| data)
-        })
-        .await
-        .and_then(|saved| saved)
-        .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
+        let data = off_the_runtime(move || file.save_image(&saved_meta, image))
+            .await
+            .and_then(|saved| saved)
+            .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
