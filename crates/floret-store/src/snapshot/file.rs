@@ -8,13 +8,13 @@
 //!   snapshot to a replica costs its size for a moment.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::{IMAGE_MAGIC, SnapshotMeta, TreeImage};
+use super::SnapshotMeta;
 use crate::records::{decode, encode};
 use crate::types::ShardId;
 
@@ -32,24 +32,6 @@ struct SnapshotHeader {
     meta: SnapshotMeta,
 }
 
-/// A writer that keeps the crc32 of what passed through it.
-struct Checksummed<W> {
-    inner: W,
-    crc: crc32fast::Hasher,
-}
-
-impl<W: Write> Write for Checksummed<W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let written = self.inner.write(bytes)?;
-        self.crc.update(&bytes[..written]);
-        Ok(written)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
 impl SnapshotFile {
     /// The snapshot file of `shard` under `dir`.
     pub fn new(dir: &Path, shard: ShardId) -> Self {
@@ -65,33 +47,6 @@ impl SnapshotFile {
         let (temp, mut file, _) = self.start_saving(meta)?;
         file.write_all(data)?;
         self.finish_saving(&temp, file.into_inner().map_err(|e| e.into_error())?)
-    }
-
-    /// Replaces the current snapshot with `image`, durably, encoding it
-    /// straight into the file; returns the image's encoded bytes (what
-    /// [`TreeImage::to_bytes`] gives), read back once the image is freed.
-    /// A shard's image and its encoding are never both in memory: a
-    /// backlog of 100 MB in one shard costs about 100 MB while its snapshot
-    /// is built, not 200.
-    pub fn save_image(&self, meta: &SnapshotMeta, image: TreeImage) -> io::Result<Vec<u8>> {
-        let _one_save_at_a_time = self.one_save_at_a_time();
-        let (temp, mut file, data_at) = self.start_saving(meta)?;
-        file.write_all(IMAGE_MAGIC)?;
-        file.write_all(&[0; 4])?;
-        let mut body = Checksummed {
-            inner: file,
-            crc: crc32fast::Hasher::new(),
-        };
-        body = postcard::to_io(&image, body).map_err(io::Error::other)?;
-        drop(image);
-        let crc = body.crc.finalize();
-        let mut file = body.inner.into_inner().map_err(|e| e.into_error())?;
-        file.seek(SeekFrom::Start((data_at + IMAGE_MAGIC.len()) as u64))?;
-        file.write_all(&crc.to_le_bytes())?;
-        self.finish_saving(&temp, file)?;
-        let mut data = fs::read(&self.path)?;
-        data.drain(..data_at);
-        Ok(data)
     }
 
     fn one_save_at_a_time(&self) -> MutexGuard<'_, ()> {
@@ -165,26 +120,18 @@ impl SnapshotFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys;
-
-    fn image(pairs: Vec<(Vec<u8>, Vec<u8>)>) -> TreeImage {
-        TreeImage { pairs }
-    }
 
     #[test]
-    fn image_saved_while_encoded_reads_back_as_its_bytes() {
+    fn a_saved_snapshot_loads_as_it_was_saved_and_leaves_no_temp_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = SnapshotFile::new(dir.path(), 3);
-        let image = image(vec![
-            (keys::next_dead_letter("a"), encode(&1u64)),
-            (keys::next_dead_letter("b"), vec![7; 70_000]),
-        ]);
-        let expected = image.to_bytes();
+        assert!(file.load().unwrap().is_none());
+        let data = vec![7u8; 70_000];
         let meta = SnapshotMeta::default();
-        let returned = file.save_image(&meta, image).unwrap();
-        assert_eq!(returned, expected);
-        let (loaded_meta, loaded) = file.load().unwrap().unwrap();
-        assert_eq!((loaded_meta, loaded), (meta, expected));
+        file.save(&meta, &data).unwrap();
+        assert_eq!(file.load().unwrap().unwrap(), (meta, data));
         assert!(!dir.path().join("shard-3.snap.tmp").exists());
+        file.delete().unwrap();
+        assert!(file.load().unwrap().is_none());
     }
 }

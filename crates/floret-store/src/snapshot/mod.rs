@@ -11,11 +11,10 @@
 //! - Images written before the checksum existed (no magic prefix) are
 //!   still read, unchecked.
 //! - The snapshot is in memory while it is captured, sent or installed: a
-//!   backlog of hundreds of MiB costs that much memory for a moment (twice
-//!   that on the receiving side), and a shard builds one every
-//!   `snapshot_every_entries` entries whatever its size. Draining 10,000,000
-//!   messages, each build showed as a spike of 150-300 MiB in a node's RSS.
-//!   A snapshot streamed from a point-in-time view of the tree would not.
+//!   backlog of hundreds of MiB costs that much memory for a moment (about
+//!   twice that on the receiving side), and a shard builds one every
+//!   `snapshot_every_entries` entries whatever its size. A snapshot
+//!   streamed from a point-in-time view of the tree would not.
 //! - A build that finishes after an install of a later snapshot saves its
 //!   older image over the installed one.
 
@@ -29,12 +28,12 @@ use crate::policy::Policy;
 use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, decode, encode};
 use crate::resting::{self, RestingError};
 use crate::runs;
-use crate::shard_tree::ShardTree;
 use crate::sink_spec::SinkSpec;
 use crate::types::NodeId;
-use crate::wal::Wal;
 
+mod capture;
 mod file;
+pub(crate) use capture::{EncodedImage, capture};
 pub use file::SnapshotFile;
 
 /// What stops a tree image from being taken.
@@ -59,28 +58,6 @@ pub struct TreeImage {
 }
 
 impl TreeImage {
-    /// Copies every pair of `tree` that replicas share: runs with their
-    /// payloads read back from `log` and inline, since a replica that
-    /// installs the image has no copy of this node's log; this node's own
-    /// keys left out (its segment counts, and the redo record of a write
-    /// that may be in progress while the image is taken).
-    pub(crate) fn capture(tree: &ShardTree, log: &Wal) -> Result<Self, CaptureError> {
-        let mut pairs = Vec::new();
-        for item in tree.iter() {
-            let (key, value) = item?;
-            if keys::is_node_local(&key) {
-                continue;
-            }
-            let value = if key.first() == Some(&keys::MESSAGE_TAG) {
-                resting::inlined_run(&value, log)?
-            } else {
-                value.to_vec()
-            };
-            pairs.push((key.to_vec(), value));
-        }
-        Ok(Self { pairs })
-    }
-
     /// Encoded form, as sent to replicas: [`IMAGE_MAGIC`], the crc32 of the
     /// encoded tree (u32 le), the encoded tree.
     pub fn to_bytes(&self) -> Vec<u8> {

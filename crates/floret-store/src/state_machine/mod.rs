@@ -57,7 +57,7 @@ use crate::keys;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, encode};
 use crate::shard_tree::ShardTree;
-use crate::snapshot::{SnapshotFile, SnapshotMeta, TreeImage};
+use crate::snapshot::{self, EncodedImage, SnapshotFile, SnapshotMeta, TreeImage};
 use crate::storage_error;
 use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
 use crate::wal::{SegmentRuns, Wal};
@@ -243,7 +243,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         let reader = self.reader.clone();
         let captured = off_the_runtime(move || {
-            let image = TreeImage::capture(reader.tree(), reader.log())
+            let image = snapshot::capture(reader.tree(), reader.log())
                 .map_err(storage_error::read_state_machine);
             (image, reader.applied_state())
         })
@@ -326,7 +326,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 /// Builds a snapshot from the tree image taken when openraft asked for the
 /// builder (between two applies, so the image matches its applied log id).
 pub struct SnapshotBuilder {
-    image: Result<TreeImage, StorageError>,
+    image: Result<EncodedImage, StorageError>,
     applied: Result<AppliedState, StorageError>,
     file: SnapshotFile,
 }
@@ -336,13 +336,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let image = std::mem::take(self.image.as_mut().map_err(|e| e.clone())?);
         let applied = self.applied.clone()?;
         let snapshot_id = match applied.last_applied {
-            Some(log_id) => format!(
-                "{}-{}-{}",
-                log_id.leader_id,
-                log_id.index,
-                image.pairs.len()
-            ),
-            None => format!("empty-{}", image.pairs.len()),
+            Some(log_id) => format!("{}-{}-{}", log_id.leader_id, log_id.index, image.pairs),
+            None => format!("empty-{}", image.pairs),
         };
         let meta = SnapshotMeta {
             last_log_id: applied.last_applied,
@@ -351,10 +346,11 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         };
         let file = self.file.clone();
         let saved_meta = meta.clone();
-        let data = off_the_runtime(move || file.save_image(&saved_meta, image))
-            .await
-            .and_then(|saved| saved)
-            .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
+        let data =
+            off_the_runtime(move || file.save(&saved_meta, &image.bytes).map(|()| image.bytes))
+                .await
+                .and_then(|saved| saved)
+                .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
