@@ -12,6 +12,8 @@
 //! - The image is still one buffer the size of the shard's state (payloads
 //!   inline): a shard with a backlog of hundreds of MiB costs that much
 //!   memory while its snapshot is built.
+//! - The buffer's size is estimated from the shard's backlog totals; dead
+//!   letters are not in them, so a shard holding many grows it once.
 
 use super::{CaptureError, IMAGE_MAGIC};
 use crate::keys;
@@ -36,8 +38,16 @@ pub struct EncodedImage {
 /// replica that installs the image has no copy of this node's log; this
 /// node's own keys left out (its segment counts, and the redo record of a
 /// write that may be in progress while the image is taken).
-pub(crate) fn capture(tree: &ShardTree, log: &Wal) -> Result<EncodedImage, CaptureError> {
-    let mut image = ImageEncoder::new();
+///
+/// `expected_bytes` is what the image should come to: the buffer is taken
+/// that large at once, since growing it by doubling copies it and leaves
+/// the smaller copies resident until the allocator gives them back.
+pub(crate) fn capture(
+    tree: &ShardTree,
+    log: &Wal,
+    expected_bytes: usize,
+) -> Result<EncodedImage, CaptureError> {
+    let mut image = ImageEncoder::with_capacity(expected_bytes);
     for item in tree.iter() {
         let (key, value) = item?;
         if keys::is_node_local(&key) {
@@ -64,11 +74,10 @@ struct ImageEncoder {
 }
 
 impl ImageEncoder {
-    fn new() -> Self {
-        Self {
-            bytes: vec![0; PREFIX_ROOM],
-            pairs: 0,
-        }
+    fn with_capacity(expected_bytes: usize) -> Self {
+        let mut bytes = Vec::with_capacity(PREFIX_ROOM + expected_bytes);
+        bytes.resize(PREFIX_ROOM, 0);
+        Self { bytes, pairs: 0 }
     }
 
     fn push(&mut self, key: &[u8], value: &[u8]) {
@@ -122,7 +131,7 @@ mod tests {
                     (key, value)
                 })
                 .collect();
-            let mut encoder = ImageEncoder::new();
+            let mut encoder = ImageEncoder::with_capacity(count);
             for (key, value) in &pairs {
                 encoder.push(key, value);
             }

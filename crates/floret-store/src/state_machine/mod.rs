@@ -243,8 +243,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         let reader = self.reader.clone();
         let captured = off_the_runtime(move || {
-            let image = snapshot::capture(reader.tree(), reader.log())
-                .map_err(storage_error::read_state_machine);
+            let image =
+                snapshot::capture(reader.tree(), reader.log(), expected_image_bytes(&reader))
+                    .map_err(storage_error::read_state_machine);
             (image, reader.applied_state())
         })
         .await;
@@ -321,6 +322,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshot: Box::new(Cursor::new(data)),
         }))
     }
+}
+
+/// What a shard's snapshot image should come to: its messages stored
+/// inline, with room for run headers, producer records and the rest.
+fn expected_image_bytes(reader: &ShardReader) -> usize {
+    let totals = reader.totals();
+    let bytes = totals.bytes() + 8 * totals.messages() + 256 * totals.producers() + (1 << 20);
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// Builds a snapshot from the tree image taken when openraft asked for the
