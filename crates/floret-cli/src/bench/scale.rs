@@ -218,16 +218,31 @@ async fn run_step(
     })
 }
 
+/// How long a status read for node memory is retried: the connection it
+/// goes over sat idle through the fill, and a node may have closed it (a
+/// 10,000,000-message fill once ended in a broken pipe here, with every
+/// message in).
+const STATUS_READ_RETRIES_FOR: Duration = Duration::from_secs(10);
+
 /// Each reachable node's resident memory, by node id; the reading is also
 /// kept in `timeline`.
 async fn resident_bytes(
     client: &Client,
     timeline: &mut Timeline,
 ) -> anyhow::Result<BTreeMap<u64, u64>> {
-    let status = client
-        .cluster_status()
-        .await
-        .context("cannot read the cluster's status for node memory")?;
+    let give_up_at = Instant::now() + STATUS_READ_RETRIES_FOR;
+    let status = loop {
+        match client.cluster_status().await {
+            Ok(status) => break status,
+            Err(error) if Instant::now() < give_up_at => {
+                tracing::debug!(%error, "status read for node memory failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => {
+                return Err(error).context("cannot read the cluster's status for node memory");
+            }
+        }
+    };
     let resident: BTreeMap<u64, u64> = status
         .nodes
         .iter()
