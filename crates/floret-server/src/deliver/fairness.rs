@@ -11,7 +11,7 @@
 //! per-second counts and at most [`DWELL_SAMPLES`] dwell times. A queue
 //! drained over 10,000 producers held about 27 MB here when every second
 //! had a map of its own and each producer kept 256 eight-byte samples; it
-//! now holds about 3 MB.
+//! now holds about 4 MB.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - "Backlogged" is judged when the figures are read, not through the
