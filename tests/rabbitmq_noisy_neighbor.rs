@@ -36,8 +36,13 @@ const QUIET_PACE: Duration = Duration::from_millis(50);
 const DRAIN_RATE: f64 = 2_000.0;
 /// The sink's cap: a little under the drain, so RabbitMQ's queue stays short.
 const SINK_RATE: u32 = 1_900;
-/// The quiet producers' p99, produce to arrival at the consumer, through floret.
-const QUIET_P99_AT_MOST: Duration = Duration::from_millis(150);
+/// The quiet producers' p99, produce to arrival at the consumer, through
+/// floret, in this debug build beside RabbitMQ on the test's machine: a
+/// bound on stalls, not the figure floret claims (a release cluster gives
+/// 130 ms or so, BENCHMARKS.md "The shared sink"). At 150 ms the test
+/// failed on a two-core machine at 169-505 ms, at the commit it had passed
+/// at before. The ratio to RabbitMQ alone below is what it shows.
+const QUIET_P99_AT_MOST: Duration = Duration::from_secs(1);
 /// How long the straight-into-RabbitMQ run sends quiet messages.
 const FIFO_QUIET_SECONDS: Duration = Duration::from_secs(2);
 /// How long the first of them may take to reach the consumer.
