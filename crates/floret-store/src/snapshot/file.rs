@@ -8,7 +8,7 @@
 //!   snapshot to a replica costs its size for a moment.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,35 +44,23 @@ impl SnapshotFile {
     /// Replaces the current snapshot, durably.
     pub fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
         let _one_save_at_a_time = self.one_save_at_a_time();
-        let (temp, mut file, _) = self.start_saving(meta)?;
+        let dir = self.path.parent().expect("snapshot path has a folder");
+        fs::create_dir_all(dir)?;
+        let header = encode(&SnapshotHeader { meta: meta.clone() });
+        let temp = self.path.with_extension("snap.tmp");
+        let mut file = File::create(&temp)?;
+        file.write_all(&(header.len() as u32).to_be_bytes())?;
+        file.write_all(&header)?;
         file.write_all(data)?;
-        self.finish_saving(&temp, file.into_inner().map_err(|e| e.into_error())?)
+        file.sync_all()?;
+        fs::rename(&temp, &self.path)?;
+        File::open(dir)?.sync_all()
     }
 
     fn one_save_at_a_time(&self) -> MutexGuard<'_, ()> {
         self.saving
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Opens the temp file and writes the header; returns where the data starts.
-    fn start_saving(&self, meta: &SnapshotMeta) -> io::Result<(PathBuf, BufWriter<File>, usize)> {
-        let dir = self.path.parent().expect("snapshot path has a folder");
-        fs::create_dir_all(dir)?;
-        let header = encode(&SnapshotHeader { meta: meta.clone() });
-        let temp = self.path.with_extension("snap.tmp");
-        let mut file = BufWriter::new(File::create(&temp)?);
-        file.write_all(&(header.len() as u32).to_be_bytes())?;
-        file.write_all(&header)?;
-        Ok((temp, file, 4 + header.len()))
-    }
-
-    /// Syncs the temp file and puts it in place of the current snapshot.
-    fn finish_saving(&self, temp: &Path, file: File) -> io::Result<()> {
-        file.sync_all()?;
-        fs::rename(temp, &self.path)?;
-        let dir = self.path.parent().expect("snapshot path has a folder");
-        File::open(dir)?.sync_all()
     }
 
     /// Deletes the snapshot (and a save a crash left half done), durably.
@@ -93,27 +81,35 @@ impl SnapshotFile {
         Ok(())
     }
 
-    /// The current snapshot, if one was saved.
+    /// The current snapshot, if one was saved. The header is read first, so
+    /// the image is read once into a buffer of its own size.
     pub fn load(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
-        let bytes = match fs::read(&self.path) {
-            Ok(bytes) => bytes,
+        let mut file = match File::open(&self.path) {
+            Ok(file) => file,
             Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(error),
         };
-        let corrupt = || {
+        let truncated = || {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} is truncated", self.path.display()),
             )
         };
-        let header_len = bytes.get(..4).ok_or_else(corrupt)?;
-        let header_len = u32::from_be_bytes(header_len.try_into().expect("four bytes")) as usize;
-        let header = bytes.get(4..4 + header_len).ok_or_else(corrupt)?;
-        let header: SnapshotHeader = decode("snapshot header", header).map_err(io::Error::other)?;
-        let meta = header.meta;
-        let mut data = bytes;
-        data.drain(..4 + header_len);
-        Ok(Some((meta, data)))
+        let file_len = file.metadata()?.len();
+        if file_len < 4 {
+            return Err(truncated());
+        }
+        let mut header_len = [0u8; 4];
+        file.read_exact(&mut header_len)?;
+        let header_len = u64::from(u32::from_be_bytes(header_len));
+        let image_len = file_len.checked_sub(4 + header_len).ok_or_else(truncated)?;
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header)?;
+        let header: SnapshotHeader =
+            decode("snapshot header", &header).map_err(io::Error::other)?;
+        let mut data = Vec::with_capacity(usize::try_from(image_len).unwrap_or(0));
+        file.read_to_end(&mut data)?;
+        Ok(Some((header.meta, data)))
     }
 }
 
@@ -133,5 +129,23 @@ mod tests {
         assert!(!dir.path().join("shard-3.snap.tmp").exists());
         file.delete().unwrap();
         assert!(file.load().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_snapshot_file_cut_short_is_refused_as_truncated_not_read_past_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = SnapshotFile::new(dir.path(), 3);
+        file.save(&SnapshotMeta::default(), &[7u8; 100]).unwrap();
+        let path = dir.path().join("shard-3.snap");
+        let saved = fs::read(&path).unwrap();
+        for cut in [
+            saved[..2].to_vec(),
+            [u32::MAX.to_be_bytes().as_slice(), &saved[4..]].concat(),
+        ] {
+            fs::write(&path, &cut).unwrap();
+            let refused = file.load().unwrap_err();
+            assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{refused}");
+            assert!(refused.to_string().contains("truncated"), "{refused}");
+        }
     }
 }
