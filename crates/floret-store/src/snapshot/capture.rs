@@ -74,8 +74,20 @@ struct ImageEncoder {
 }
 
 impl ImageEncoder {
+    /// An encoder whose buffer is taken `expected_bytes` large at once when
+    /// the allocator grants it, and grows as pairs come otherwise: an
+    /// estimate from damaged counters must not stop the node.
     fn with_capacity(expected_bytes: usize) -> Self {
-        let mut bytes = Vec::with_capacity(PREFIX_ROOM + expected_bytes);
+        let mut bytes = Vec::new();
+        if bytes
+            .try_reserve_exact(PREFIX_ROOM.saturating_add(expected_bytes))
+            .is_err()
+        {
+            tracing::warn!(
+                expected_bytes,
+                "cannot take a snapshot buffer of the size the shard's totals predict; growing it instead"
+            );
+        }
         bytes.resize(PREFIX_ROOM, 0);
         Self { bytes, pairs: 0 }
     }
@@ -147,6 +159,14 @@ mod tests {
                 count
             );
         }
+    }
+
+    #[test]
+    fn an_estimate_no_allocator_grants_still_encodes_the_image() {
+        let pairs = vec![(b"k".to_vec(), vec![1u8; 300])];
+        let mut encoder = ImageEncoder::with_capacity(usize::MAX);
+        encoder.push(&pairs[0].0, &pairs[0].1);
+        assert!(encoder.finish().bytes == TreeImage { pairs }.to_bytes());
     }
 
     #[test]
