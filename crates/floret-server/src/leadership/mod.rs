@@ -1,7 +1,7 @@
 //! Leadership of shards as the node follows and steers it:
 //!
-//! - `watch.rs`: tells the dispatcher when this node gains a shard's
-//!   leadership (with an entry of its term applied) or loses it.
+//! - `watch.rs`: tells the dispatcher when this node gains (confirmed) or
+//!   loses a shard's leadership.
 //! - `hand_back.rs`: a leader asked by a shard's preferred replica to step
 //!   aside decides whether to, and does (pauses the proposer, stops
 //!   dispatching, turns heartbeats off until the replica has taken over).
