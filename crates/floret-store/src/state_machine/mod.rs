@@ -23,10 +23,6 @@
 //! The state machine reports what it applied through [`AppliedEvent`]s so the
 //! node's dispatcher learns of new messages without polling.
 //!
-//! `apply` runs on a runtime worker beside the shards' raft cores, so it
-//! lets them run every [`APPLY_SLICE`] of work, and the write-out to sled an
-//! apply may end with runs on a blocking thread.
-//!
 //! IMPLEMENTATION CAVEATS
 //! - `apply` does not flush, and writes to sled only every so many bytes
 //!   of changes: after a crash openraft re-applies from the last applied
@@ -178,10 +174,6 @@ impl StateMachine {
 
 use overlay::PendingApply;
 
-/// The longest an apply works through entries before it lets the other
-/// tasks of its runtime worker run.
-const APPLY_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
-
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
@@ -201,18 +193,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut applied = self.reader.applied_state()?;
         let mut pending = PendingApply::new(self.shard, &self.reader);
         let mut replies = Vec::new();
-        let mut worked_since = started;
         for (position, entry) in entries.into_iter().enumerate() {
             if position > 0 {
                 crate::failpoints::crash_if_fires("apply-mid-batch");
-            }
-            if worked_since.elapsed() >= APPLY_SLICE {
-                // A follower catching up applies hundreds of entries in one
-                // call; the raft cores on this worker must not wait for all
-                // of them. Nothing is committed until the end, so a reader
-                // in between sees the state from before this call.
-                tokio::task::yield_now().await;
-                worked_since = std::time::Instant::now();
             }
             applied.last_applied = Some(entry.log_id);
             pending.payloads_from(self.reader.log().payload_section(self.shard, entry.log_id));
@@ -247,20 +230,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             replies.push(reply);
         }
-        let committed = pending.commit(&applied)?;
-        for event in committed.events {
+        let events = pending.commit(&applied)?;
+        for event in events {
             self.emit(event);
-        }
-        if committed.write_out_due {
-            // Off the runtime: a write-out pages sled leaves in. Under a
-            // backlog of millions of messages applies took up to half a
-            // second, and on a runtime worker they held up the raft cores
-            // queued behind them until heartbeats were late.
-            let reader = self.reader.clone();
-            off_the_runtime(move || reader.tree().write_out())
-                .await
-                .map_err(storage_error::write_state_machine)?
-                .map_err(storage_error::write_state_machine)?;
         }
         metrics::histogram!("floret_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(replies)

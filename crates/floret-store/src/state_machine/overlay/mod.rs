@@ -187,11 +187,10 @@ impl<'a> PendingApply<'a> {
         }
     }
 
-    /// Writes this apply's changes into the shard tree's unwritten changes
-    /// and updates the reader's tables; the events to tell, and whether the
-    /// unwritten changes have grown past [`WRITE_OUT_BYTES`] and are due to
-    /// be written out to sled (the caller does that off the runtime).
-    pub(super) fn commit(mut self, applied: &AppliedState) -> Result<Committed, StorageError> {
+    pub(super) fn commit(
+        mut self,
+        applied: &AppliedState,
+    ) -> Result<Vec<AppliedEvent>, StorageError> {
         for (key, touched) in std::mem::take(&mut self.runs) {
             let marks_key = keys::removed(&key);
             let is_new = matches!(touched.run.as_bytes(), RunBytes::New(_));
@@ -241,6 +240,12 @@ impl<'a> PendingApply<'a> {
             .tree()
             .apply(self.changes)
             .map_err(storage_error::write_state_machine)?;
+        if unwritten > WRITE_OUT_BYTES {
+            self.reader
+                .tree()
+                .write_out()
+                .map_err(storage_error::write_state_machine)?;
+        }
         self.reader.log().set_pins(self.shard, self.pins);
         for (_, before, after) in &changed_totals {
             self.reader.totals().changed(*before, *after);
@@ -256,17 +261,6 @@ impl<'a> PendingApply<'a> {
         for (queue, producer, policy) in self.policies_set {
             self.reader.set_policy(&queue, producer.as_deref(), policy);
         }
-        Ok(Committed {
-            events: self.events,
-            write_out_due: unwritten > WRITE_OUT_BYTES,
-        })
+        Ok(self.events)
     }
-}
-
-/// What a committed apply leaves to its caller.
-pub(super) struct Committed {
-    /// Events to tell the listener.
-    pub(super) events: Vec<AppliedEvent>,
-    /// The shard tree's unwritten changes are due to be written to sled.
-    pub(super) write_out_due: bool,
 }
