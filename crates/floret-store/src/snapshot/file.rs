@@ -105,8 +105,12 @@ impl SnapshotFile {
         let image_len = file_len.checked_sub(4 + header_len).ok_or_else(truncated)?;
         let mut header = vec![0u8; header_len as usize];
         file.read_exact(&mut header)?;
-        let header: SnapshotHeader =
-            decode("snapshot header", &header).map_err(io::Error::other)?;
+        let header: SnapshotHeader = decode("snapshot header", &header).map_err(|error| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {error}", self.path.display()),
+            )
+        })?;
         let mut data = Vec::with_capacity(usize::try_from(image_len).unwrap_or(0));
         file.read_to_end(&mut data)?;
         Ok(Some((header.meta, data)))
@@ -147,5 +151,17 @@ mod tests {
             assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{refused}");
             assert!(refused.to_string().contains("truncated"), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_header_that_does_not_decode_is_refused_as_damaged_data_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = SnapshotFile::new(dir.path(), 3);
+        let path = dir.path().join("shard-3.snap");
+        let damaged_header = [4u32.to_be_bytes().as_slice(), &[0xff; 4], &[7u8; 10]].concat();
+        fs::write(&path, damaged_header).unwrap();
+        let refused = file.load().unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData, "{refused}");
+        assert!(refused.to_string().contains("shard-3.snap"), "{refused}");
     }
 }
