@@ -12,6 +12,7 @@ mod consume;
 mod dead_letters;
 mod dev;
 mod health;
+mod heap_trim;
 mod policy;
 mod produce;
 mod serve;
@@ -25,15 +26,6 @@ use std::sync::OnceLock;
 
 use clap::{Parser, Subcommand};
 use floret_client::{Client, ClientTls};
-
-/// sled and the gRPC stack allocate per message; mimalloc serves that from
-/// per-thread pages instead of glibc's locked arenas. It is built without
-/// transparent huge pages (`no_thp`): with them every 2 MiB region it
-/// touched stayed resident, and an idle node held 70 MiB instead of 18.
-/// On hosts where the kernel's THP mode is `always`, `MIMALLOC_ALLOW_THP=0`
-/// turns them off for the process (see the README's configuration).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Default address of a local node.
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7701";
@@ -195,6 +187,9 @@ fn main() -> anyhow::Result<()> {
     CLUSTER_CA.get_or_init(|| cli.tls_ca.clone());
     TENANT_TOKEN.get_or_init(|| cli.token.clone());
     CLIENT_CERTIFICATE.get_or_init(|| cli.client_cert.clone().zip(cli.client_key.clone()));
+    if matches!(cli.command, Command::Serve(_) | Command::Dev(_)) {
+        heap_trim::spawn(heap_trim::TRIM_INTERVAL)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
