@@ -59,34 +59,25 @@ fn give_back_free_pages() -> bool {
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::give_back_free_pages;
-
-    /// This process's resident memory, from `/proc/self/status`.
-    fn resident_kib() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/self/status")
-    }
+    use floret_server::telemetry::resident_bytes;
 
     #[test]
     fn freed_heap_pages_stay_resident_until_trimmed() {
         const BLOCK: usize = 1024;
-        const FREED_KIB: u64 = 64 * 1024;
+        const FREED_BYTES: u64 = 64 << 20;
         // Small blocks come from the thread's arena, not from mmap; the last
         // one stays allocated, so free cannot shrink the heap from its top.
-        let mut blocks: Vec<Vec<u8>> = (0..FREED_KIB as usize)
+        let mut blocks: Vec<Vec<u8>> = (0..FREED_BYTES as usize / BLOCK)
             .map(|i| vec![i as u8; BLOCK])
             .collect();
         let pinned = blocks.pop();
         drop(blocks);
-        let before_trim = resident_kib();
+        let before_trim = resident_bytes().expect("VmRSS in /proc/self/status");
         assert!(give_back_free_pages(), "the trim returned nothing");
-        let after_trim = resident_kib();
+        let after_trim = resident_bytes().expect("VmRSS in /proc/self/status");
         assert!(
-            before_trim.saturating_sub(after_trim) > FREED_KIB / 2,
-            "trimming gave back {} KiB of {FREED_KIB} KiB freed ({before_trim} -> {after_trim} KiB)",
+            before_trim.saturating_sub(after_trim) > FREED_BYTES / 2,
+            "trimming gave back {} of {FREED_BYTES} bytes freed ({before_trim} -> {after_trim})",
             before_trim.saturating_sub(after_trim)
         );
         drop(pinned);

@@ -1,7 +1,8 @@
 //! What a node tells its operators about itself besides logs: per-queue
 //! counters at the places things happen ([`count_for_queue`]), gauges
 //! sampled every few seconds from what the node leads ([`sampler`]), and
-//! the Prometheus recorder with the catalog's buckets ([`recorder`]).
+//! the Prometheus recorder with the catalog's buckets ([`recorder`]), and
+//! the process's resident memory ([`resident_bytes`]).
 //! The names, kinds and help texts are in [`crate::metric_catalog`].
 
 use std::sync::OnceLock;
@@ -18,6 +19,14 @@ pub mod sampler;
 /// that left the top N, queues that emptied, shards no longer held.
 /// Sampled gauges are set every [`sampler::SAMPLE_EVERY`].
 const IDLE_SERIES_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Resident memory of this process, from `/proc/self/status` (Linux only).
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kibibytes * 1024)
+}
 
 /// Adds `count` to the counter `name` of `queue`.
 pub fn count_for_queue(name: &'static str, queue: &str, count: u64) {

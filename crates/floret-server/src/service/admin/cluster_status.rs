@@ -10,14 +10,6 @@ use floret_proto::v1;
 
 use super::AdminService;
 
-/// Resident memory of this process, from `/proc/self/status` (Linux only).
-fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    let kibibytes: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kibibytes * 1024)
-}
-
 /// The member list in its wire form.
 pub(crate) fn membership(view: MembersView) -> v1::Membership {
     v1::Membership {
@@ -97,7 +89,7 @@ impl AdminService {
                 address: self.address.clone(),
                 reachable: true,
                 shards_led,
-                resident_bytes: resident_bytes().unwrap_or(0),
+                resident_bytes: crate::telemetry::resident_bytes().unwrap_or(0),
                 fault: self.fault.reason().unwrap_or_default(),
                 gossip_address: self
                     .gossip
