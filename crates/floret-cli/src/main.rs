@@ -188,7 +188,8 @@ fn main() -> anyhow::Result<()> {
     TENANT_TOKEN.get_or_init(|| cli.token.clone());
     CLIENT_CERTIFICATE.get_or_init(|| cli.client_cert.clone().zip(cli.client_key.clone()));
     if matches!(cli.command, Command::Serve(_) | Command::Dev(_)) {
-        heap_trim::spawn(heap_trim::TRIM_INTERVAL)?;
+        heap_trim::spawn(heap_trim::TRIM_INTERVAL)
+            .map_err(|error| anyhow::anyhow!("cannot start the heap-trim thread: {error}"))?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
