@@ -89,12 +89,13 @@ impl SnapshotFile {
             Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(error),
         };
-        let truncated = || {
+        let damaged = |reason: &dyn std::fmt::Display| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} is truncated", self.path.display()),
+                format!("{}: {reason}", self.path.display()),
             )
         };
+        let truncated = || damaged(&"truncated");
         let file_len = file.metadata()?.len();
         if file_len < 4 {
             return Err(truncated());
@@ -105,12 +106,8 @@ impl SnapshotFile {
         let image_len = file_len.checked_sub(4 + header_len).ok_or_else(truncated)?;
         let mut header = vec![0u8; header_len as usize];
         file.read_exact(&mut header)?;
-        let header: SnapshotHeader = decode("snapshot header", &header).map_err(|error| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: {error}", self.path.display()),
-            )
-        })?;
+        let header: SnapshotHeader =
+            decode("snapshot header", &header).map_err(|error| damaged(&error))?;
         let mut data = Vec::with_capacity(usize::try_from(image_len).unwrap_or(0));
         file.read_to_end(&mut data)?;
         Ok(Some((header.meta, data)))
