@@ -1,6 +1,8 @@
 //! Storage work that blocks for long (a whole shard tree read or replaced,
 //! a snapshot file written and synced, every state machine made durable)
-//! runs on tokio's blocking threads, never on a runtime worker.
+//! runs on tokio's blocking threads, never on a runtime worker; work that
+//! may block for long and must finish before its caller goes on (an
+//! apply) runs in place of the worker, which hands its other tasks over.
 //!
 //! openraft runs each shard's state machine and raft core as tasks on the
 //! node's runtime. Blocking a worker thread for a second holds up the tasks
@@ -22,5 +24,17 @@ pub(crate) async fn off_the_runtime<R: Send + 'static>(
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(_cancelled) => Err(io::Error::other("the runtime is shutting down")),
         },
+    }
+}
+
+/// Runs `work`, which may take long, in place: on a multi-threaded
+/// runtime the worker first hands its queued tasks (and the one it woke
+/// last) to another thread, so they do not wait for `work`. On any other
+/// runtime, or none, `work` just runs.
+pub fn may_block<R>(work: impl FnOnce() -> R) -> R {
+    let flavor = tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor());
+    match flavor {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
     }
 }

@@ -47,6 +47,7 @@ mod types;
 pub mod wal;
 
 pub use backlog_totals::{BacklogTotals, GroupTotals, PRODUCER_GROUP_SEPARATOR, producer_group};
+pub use blocking::may_block;
 pub use database::{
     DEFAULT_CACHE_BYTES, Database, DiskUsage, FORMAT_VERSION, LogHealth, MARKER_FILE, OpenError,
     ShardStorage, StoreOptions, StoreUsage,

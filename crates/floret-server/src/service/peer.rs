@@ -43,7 +43,8 @@ use crate::produce::proposer::Proposers;
 use crate::raft_inputs::{self, SnapshotChunks};
 use crate::request::InvalidRequest;
 use crate::sink::LocalSinkWeights;
-use raft::{answer_bytes, append, may_block, raft_of, take_over, undecodable};
+use floret_store::may_block;
+use raft::{answer_bytes, append, raft_of, take_over, undecodable};
 
 mod raft;
 

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
 
-use crate::blocking::off_the_runtime;
+use crate::blocking::{may_block, off_the_runtime};
 use crate::keys;
 use crate::reader::ShardReader;
 use crate::records::{AppliedState, encode};
@@ -61,6 +61,13 @@ use crate::snapshot::{self, EncodedImage, SnapshotFile, SnapshotMeta, TreeImage}
 use crate::storage_error;
 use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
 use crate::wal::{SegmentRuns, Wal};
+use overlay::PendingApply;
+
+/// An apply that touches more messages than this runs in place of its
+/// worker ([`may_block`]), which hands its other tasks over first; a
+/// smaller one (most of them at one message per call) is not worth the
+/// hand-over and runs as part of the state machine's task.
+const LONG_APPLY_MESSAGES: usize = 256;
 
 /// What a shard applied that the node's dispatcher must know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +179,81 @@ impl StateMachine {
     }
 }
 
-use overlay::PendingApply;
+/// Applies `entries` to `shard`'s tree through `reader`: their replies,
+/// and the events to tell once they are in.
+///
+/// A long one runs in place of a runtime worker ([`may_block`]): an apply
+/// reads the messages it removes from sled and may write every unwritten
+/// change out, 25-250 ms under a drain of a large backlog, and a worker
+/// blocked that long held up the raft cores queued on it. Their heartbeats and
+/// appends then outlived openraft's timeout (the heartbeat interval) and
+/// followers called elections.
+fn apply_entries(
+    shard: ShardId,
+    reader: &ShardReader,
+    entries: impl IntoIterator<Item = openraft::Entry<TypeConfig>>,
+) -> Result<(Vec<CommandReply>, Vec<AppliedEvent>), StorageError> {
+    let mut applied = reader.applied_state()?;
+    let mut pending = PendingApply::new(shard, reader);
+    let mut replies = Vec::new();
+    for (position, entry) in entries.into_iter().enumerate() {
+        if position > 0 {
+            crate::failpoints::crash_if_fires("apply-mid-batch");
+        }
+        applied.last_applied = Some(entry.log_id);
+        pending.payloads_from(reader.log().payload_section(shard, entry.log_id));
+        let reply = match entry.payload {
+            EntryPayload::Blank => CommandReply::default(),
+            EntryPayload::Membership(membership) => {
+                applied.membership = StoredMembership::new(Some(entry.log_id), membership);
+                CommandReply::default()
+            }
+            EntryPayload::Normal(Command { ops }) => {
+                let mut replies = Vec::with_capacity(ops.len());
+                for op in &ops {
+                    replies.push(match op {
+                        Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
+                        Op::EnqueueDelayed(delayed) => pending.enqueue_delayed(delayed)?,
+                        Op::ForgetIdle(idle) => pending.forget_idle(idle)?,
+                        Op::Remove(messages) => pending.remove(messages)?,
+                        Op::SetPolicy(change) => pending.set_policy(change),
+                        Op::SetSink(change) => pending.set_sink(change)?,
+                        Op::Discard(discard) => pending.discard(discard)?,
+                        Op::ReplayDeadLetters(selection) => {
+                            pending.replay_dead_letters(selection)?
+                        }
+                        Op::DeleteDeadLetters(selection) => {
+                            pending.delete_dead_letters(selection)?
+                        }
+                    });
+                }
+                CommandReply { replies }
+            }
+        };
+        replies.push(reply);
+    }
+    let events = pending.commit(&applied)?;
+    Ok((replies, events))
+}
+
+/// How many messages `entries` store, remove or look up: what makes an
+/// apply long.
+fn messages_touched(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+    let ops = entries.iter().flat_map(|entry| match &entry.payload {
+        EntryPayload::Normal(Command { ops }) => ops.as_slice(),
+        EntryPayload::Blank | EntryPayload::Membership(_) => &[],
+    });
+    ops.map(|op| match op {
+        Op::Enqueue(enqueue) => enqueue.messages.len(),
+        Op::EnqueueDelayed(delayed) => delayed.enqueue.messages.len(),
+        Op::Remove(messages) => messages.len(),
+        Op::Discard(discard) => discard.messages.len(),
+        Op::ForgetIdle(idle) => idle.len(),
+        Op::ReplayDeadLetters(selection) | Op::DeleteDeadLetters(selection) => selection.ids.len(),
+        Op::SetPolicy(_) | Op::SetSink(_) => 1,
+    })
+    .sum()
+}
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
@@ -184,53 +265,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((applied.last_applied, applied.membership))
     }
 
+    /// Applies `entries`, a long apply in place of its worker (see
+    /// [`apply_entries`]), and then tells the listener what they did.
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<CommandReply>, StorageError>
     where
         I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
         let started = std::time::Instant::now();
-        let mut applied = self.reader.applied_state()?;
-        let mut pending = PendingApply::new(self.shard, &self.reader);
-        let mut replies = Vec::new();
-        for (position, entry) in entries.into_iter().enumerate() {
-            if position > 0 {
-                crate::failpoints::crash_if_fires("apply-mid-batch");
-            }
-            applied.last_applied = Some(entry.log_id);
-            pending.payloads_from(self.reader.log().payload_section(self.shard, entry.log_id));
-            let reply = match &entry.payload {
-                EntryPayload::Blank => CommandReply::default(),
-                EntryPayload::Membership(membership) => {
-                    applied.membership =
-                        StoredMembership::new(Some(entry.log_id), membership.clone());
-                    CommandReply::default()
-                }
-                EntryPayload::Normal(Command { ops }) => {
-                    let mut replies = Vec::with_capacity(ops.len());
-                    for op in ops {
-                        replies.push(match op {
-                            Op::Enqueue(enqueue) => pending.enqueue(enqueue)?,
-                            Op::EnqueueDelayed(delayed) => pending.enqueue_delayed(delayed)?,
-                            Op::ForgetIdle(idle) => pending.forget_idle(idle)?,
-                            Op::Remove(messages) => pending.remove(messages)?,
-                            Op::SetPolicy(change) => pending.set_policy(change),
-                            Op::SetSink(change) => pending.set_sink(change)?,
-                            Op::Discard(discard) => pending.discard(discard)?,
-                            Op::ReplayDeadLetters(selection) => {
-                                pending.replay_dead_letters(selection)?
-                            }
-                            Op::DeleteDeadLetters(selection) => {
-                                pending.delete_dead_letters(selection)?
-                            }
-                        });
-                    }
-                    CommandReply { replies }
-                }
-            };
-            replies.push(reply);
-        }
-        let events = pending.commit(&applied)?;
+        let entries: Vec<_> = entries.into_iter().collect();
+        let long = messages_touched(&entries) > LONG_APPLY_MESSAGES;
+        let apply = || apply_entries(self.shard, &self.reader, entries);
+        let (replies, events) = if long { may_block(apply) } else { apply() }?;
         for event in events {
             self.emit(event);
         }

@@ -3,6 +3,8 @@
 //! by snapshots.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use openraft::Entry;
 use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
@@ -365,4 +367,40 @@ async fn sink_set_travels_in_a_snapshot_and_removal_forgets_it() {
     assert_eq!(installer.reader().sinks().unwrap(), reader.sinks().unwrap());
     append_and_apply(&source, set_sink(3, None), true).await;
     assert_eq!(reader.sinks().unwrap(), vec![]);
+}
+
+/// An apply that ran on a runtime worker held up every task queued behind
+/// it: under the drain of a large backlog, applies of 25-250 ms delayed
+/// the raft cores' heartbeats past their timeout and followers called
+/// elections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn long_apply_leaves_the_runtime_to_other_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = Database::open(dir.path()).unwrap();
+    let entries: Vec<_> = (1..=200)
+        .map(|index| enqueue(index, &format!("p{index}"), &vec![payload(1); 50]))
+        .collect();
+    let turns = Arc::new(AtomicU64::new(0));
+    let other_task = tokio::spawn({
+        let turns = turns.clone();
+        async move {
+            loop {
+                turns.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    let applying = tokio::spawn(async move {
+        let turns_before = turns.load(Ordering::Relaxed);
+        let replies = state_machine.apply(entries).await.unwrap();
+        (replies.len(), turns.load(Ordering::Relaxed) - turns_before)
+    });
+    let (replies, turns_during_the_apply) = applying.await.unwrap();
+    other_task.abort();
+    assert_eq!(replies, 200);
+    assert!(
+        turns_during_the_apply > 0,
+        "no other task ran on the runtime's one worker while the apply ran"
+    );
 }

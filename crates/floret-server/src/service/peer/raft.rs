@@ -55,16 +55,6 @@ pub(super) async fn append(
     }
 }
 
-/// Runs `work`, which may take long (the last chunk of a snapshot checks
-/// the whole image), without holding up the other tasks of this worker.
-pub(super) fn may_block<R>(work: impl FnOnce() -> R) -> R {
-    let flavor = tokio::runtime::Handle::try_current().map(|runtime| runtime.runtime_flavor());
-    match flavor {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
-        _ => work(),
-    }
-}
-
 pub(super) fn answer_bytes(answer: &v1::RaftAnswer) -> usize {
     match &answer.outcome {
         Some(Outcome::Payload(payload)) => payload.len(),
