@@ -189,7 +189,7 @@ fn main() -> anyhow::Result<()> {
     CLIENT_CERTIFICATE.get_or_init(|| cli.client_cert.clone().zip(cli.client_key.clone()));
     if matches!(cli.command, Command::Serve(_) | Command::Dev(_)) {
         if !heap_trim::limit_arenas() {
-            tracing::debug!("malloc arenas not capped (no glibc)");
+            tracing::debug!("malloc arenas not capped (no glibc, or glibc refused the setting)");
         }
         heap_trim::spawn(heap_trim::TRIM_INTERVAL)
             .map_err(|error| anyhow::anyhow!("cannot start the heap-trim thread: {error}"))?;
