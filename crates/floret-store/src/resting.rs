@@ -108,6 +108,18 @@ pub(crate) fn accounted_len(value: &[u8]) -> Result<u64, RestingError> {
     Ok(varint_len(len) + u64::from(len) + rest.len() as u64)
 }
 
+/// [`accounted_len`] of a message with no headers, a payload of
+/// `payload_len` bytes and commit time `enqueued_at_ms`, without encoding it.
+pub(crate) fn accounted_len_without_headers(payload_len: u32, enqueued_at_ms: i64) -> u64 {
+    let mut buffer = [0u8; 16];
+    let headers_and_time = postcard::to_slice(
+        &(BTreeMap::<String, String>::new(), enqueued_at_ms),
+        &mut buffer,
+    )
+    .expect("an empty map and an i64 fit in 16 bytes");
+    varint_len(payload_len) + u64::from(payload_len) + headers_and_time.len() as u64
+}
+
 /// Bytes of `value` as a postcard varint.
 fn varint_len(value: u32) -> u64 {
     u64::from((32 - value.leading_zeros()).max(1).div_ceil(7))

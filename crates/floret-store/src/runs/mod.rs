@@ -40,6 +40,7 @@
 use std::borrow::Cow;
 
 use crate::keys;
+use crate::resting::{self, RestingError};
 use crate::shard_tree::ShardTree;
 
 mod packed;
@@ -154,6 +155,16 @@ impl<B: AsRef<[u8]>> Run<B> {
         Ok(run)
     }
 
+    /// The same run held through `wrap`, which must keep the bytes as they
+    /// are: they were checked once, and are not checked again.
+    pub(crate) fn rewrapped<C: AsRef<[u8]>>(self, wrap: impl FnOnce(B) -> C) -> Run<C> {
+        Run {
+            bytes: wrap(self.bytes),
+            count: self.count,
+            packed: self.packed,
+        }
+    }
+
     /// The stored bytes, borrowed.
     pub(crate) fn as_bytes(&self) -> &B {
         &self.bytes
@@ -190,6 +201,25 @@ impl<B: AsRef<[u8]>> Run<B> {
     pub(crate) fn message_within(&self, index: usize) -> Result<Cow<'_, [u8]>, RunError> {
         self.message(index)?
             .ok_or(RunError("a message index past the run"))
+    }
+
+    /// What message `index` counts against its producer's limits
+    /// ([`resting::accounted_len`] of its stored encoding), for a packed run
+    /// without rebuilding that encoding.
+    pub(crate) fn accounted_len(&self, index: usize) -> Result<u64, RestingError> {
+        if index >= self.count {
+            return Err(RunError("a message index past the run").into());
+        }
+        match &self.packed {
+            Some(shared) => {
+                let payload_len = packed::payload_len(self.bytes.as_ref(), shared, index)?;
+                Ok(resting::accounted_len_without_headers(
+                    payload_len,
+                    shared.enqueued_at_ms(),
+                ))
+            }
+            None => resting::accounted_len(&self.message_within(index)?),
+        }
     }
 
     fn end(&self, index: usize) -> usize {

@@ -7,7 +7,7 @@ use std::ops::Bound;
 
 use crate::keys;
 use crate::policy::{Overflow, Policy};
-use crate::records::{DeadLetterRecord, ProducedBatch, encode};
+use crate::records::{DeadLetterRecord, ProducedBatch, ProducerRecord, encode};
 use crate::resting::{self, LoggedPayload, RestingPayload};
 use crate::runs;
 use crate::sink_spec::SetSink;
@@ -156,15 +156,16 @@ impl PendingApply<'_> {
                 if !policy.exceeded_by(messages, bytes) {
                     break;
                 }
-                let Some(value) = self.remove_from_run(&run_key, index)? else {
+                let Some(accounted_bytes) = self.remove_from_run(&run_key, index)? else {
                     continue;
                 };
                 let sequence = first + index as u64;
                 messages -= 1;
-                bytes -= accounted(&value)?;
+                bytes -= accounted_bytes;
                 last = Some(sequence);
                 self.forget_delay(&keys::message(queue, producer, sequence));
                 if dead_letter {
+                    let value = self.touched_message(&run_key, index)?;
                     self.keep_dead_letter(
                         queue,
                         DeadLetterRecord {
@@ -196,17 +197,17 @@ impl PendingApply<'_> {
         Ok(())
     }
 
-    /// Deletes a stored message, adjusting its producer's counters; returns
-    /// its value, or None if it was not stored.
-    pub(super) fn take(&mut self, message: &MessageRef) -> Result<Option<Vec<u8>>, StorageError> {
+    /// Deletes a stored message, adjusting its producer's counters; None if
+    /// it was not stored.
+    pub(super) fn take(&mut self, message: &MessageRef) -> Result<Option<Taken<'_>>, StorageError> {
         let (queue, producer) = (message.queue.as_str(), message.producer.as_str());
         let Some((run_key, index)) = self.run_holding(queue, producer, message.sequence)? else {
             return Ok(None);
         };
-        let Some(value) = self.remove_from_run(&run_key, index)? else {
+        let Some(bytes) = self.remove_from_run(&run_key, index)? else {
             return Ok(None);
         };
-        let bytes = accounted(&value)?;
+        self.forget_delay(&keys::message(queue, producer, message.sequence));
         let record = self.producer(queue, producer)?;
         let (Some(messages), Some(remaining_bytes)) = (
             record.messages.checked_sub(1),
@@ -225,15 +226,18 @@ impl PendingApply<'_> {
         if record.head == message.sequence {
             record.head += 1;
         }
-        self.forget_delay(&keys::message(queue, producer, message.sequence));
-        Ok(Some(value))
+        Ok(Some(Taken {
+            run_key,
+            index,
+            producer: record,
+        }))
     }
 
     pub(super) fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {
         let mut count = 0;
         for message in messages {
-            if self.take(message)?.is_some() {
-                self.producer(&message.queue, &message.producer)?.acked += 1;
+            if let Some(taken) = self.take(message)? {
+                taken.producer.acked += 1;
                 count += 1;
             }
         }
@@ -243,11 +247,12 @@ impl PendingApply<'_> {
     pub(super) fn discard(&mut self, discard: &Discard) -> Result<OpReply, StorageError> {
         let mut count = 0;
         for discarded in &discard.messages {
-            let Some(value) = self.take(&discarded.message)? else {
+            let Some(Taken { run_key, index, .. }) = self.take(&discarded.message)? else {
                 continue;
             };
             count += 1;
             if discarded.dead_letter {
+                let value = self.touched_message(&run_key, index)?;
                 self.keep_dead_letter(
                     &discarded.message.queue,
                     DeadLetterRecord {
@@ -361,6 +366,14 @@ impl PendingApply<'_> {
     fn plain(&self, value: &[u8]) -> Result<Vec<u8>, StorageError> {
         resting::plain(value, self.log()).map_err(storage_error::read_state_machine)
     }
+}
+
+/// A message [`PendingApply::take`] deleted: where it lay, to read it back
+/// with [`PendingApply::touched_message`], and its producer's record.
+pub(super) struct Taken<'a> {
+    run_key: Vec<u8>,
+    index: usize,
+    producer: &'a mut ProducerRecord,
 }
 
 /// The bytes a message at rest counts against its producer's limits.

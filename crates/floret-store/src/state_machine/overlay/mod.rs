@@ -4,6 +4,7 @@
 //! commit that writes them as one crash-atomic change set and then updates
 //! the reader's in-memory tables. What each operation means is `ops.rs`.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::change_set::ChangeSet;
@@ -31,9 +32,8 @@ pub(super) struct PendingApply<'a> {
     pub(super) shard: ShardId,
     pub(super) reader: &'a ShardReader,
     pub(super) changes: ChangeSet,
-    pub(super) producers: HashMap<Vec<u8>, ProducerRecord>,
-    /// (bytes, messages) of each producer in `producers` before this apply.
-    pub(super) stored_before: HashMap<Vec<u8>, (u64, u64)>,
+    /// The records of the producers this apply read or changed, by key.
+    pub(super) producers: HashMap<Vec<u8>, ProducerChange>,
     /// Next dead-letter id per queue, for queues that got dead letters in this apply.
     pub(super) next_dead_letter: HashMap<String, u64>,
     /// Delivery times written by this apply, by message key.
@@ -57,6 +57,25 @@ pub(super) struct PendingApply<'a> {
     pins_changed: bool,
 }
 
+/// A producer's record as one apply leaves it so far.
+pub(super) struct ProducerChange {
+    record: ProducerRecord,
+    /// (bytes, messages) it had before this apply.
+    before: (u64, u64),
+}
+
+/// The value of `key` as the apply whose changes are `changes` leaves it.
+fn value_as_left(
+    changes: &ChangeSet,
+    tree: &ShardTree,
+    key: &[u8],
+) -> Result<Option<sled::IVec>, StorageError> {
+    match changes.pending(key) {
+        Some(value) => Ok(value.map(sled::IVec::from)),
+        None => tree.get(key).map_err(storage_error::read_state_machine),
+    }
+}
+
 impl<'a> PendingApply<'a> {
     pub(super) fn new(shard: ShardId, reader: &'a ShardReader) -> Self {
         Self {
@@ -64,7 +83,6 @@ impl<'a> PendingApply<'a> {
             reader,
             changes: ChangeSet::default(),
             producers: HashMap::new(),
-            stored_before: HashMap::new(),
             next_dead_letter: HashMap::new(),
             delays_added: HashMap::new(),
             delays_removed: Vec::new(),
@@ -155,28 +173,27 @@ impl<'a> PendingApply<'a> {
 
     /// The value of `key` as this apply leaves it so far.
     pub(super) fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, StorageError> {
-        match self.changes.pending(key) {
-            Some(value) => Ok(value.map(sled::IVec::from)),
-            None => self
-                .tree()
-                .get(key)
-                .map_err(storage_error::read_state_machine),
-        }
+        value_as_left(&self.changes, self.tree(), key)
     }
 
+    /// The producer's record as this apply leaves it so far, to read or change.
     pub(super) fn producer(
         &mut self,
         queue: &str,
         producer: &str,
     ) -> Result<&mut ProducerRecord, StorageError> {
-        let key = keys::producer(queue, producer);
-        if !self.producers.contains_key(&key) {
-            let record = ShardReader::decode_producer(self.get(&key)?)?;
-            self.stored_before
-                .insert(key.clone(), (record.bytes, record.messages));
-            self.producers.insert(key.clone(), record);
-        }
-        Ok(self.producers.get_mut(&key).expect("inserted above"))
+        let change = match self.producers.entry(keys::producer(queue, producer)) {
+            Entry::Occupied(held) => held.into_mut(),
+            Entry::Vacant(unread) => {
+                let stored = value_as_left(&self.changes, self.reader.tree(), unread.key())?;
+                let record = ShardReader::decode_producer(stored)?;
+                unread.insert(ProducerChange {
+                    before: (record.bytes, record.messages),
+                    record,
+                })
+            }
+        };
+        Ok(&mut change.record)
     }
 
     /// Removes the delivery time of a message being deleted, if it has one.
@@ -221,8 +238,7 @@ impl<'a> PendingApply<'a> {
             }
         }
         let mut changed_totals = Vec::with_capacity(self.producers.len());
-        for (key, record) in self.producers {
-            let before = self.stored_before.get(&key).copied().unwrap_or_default();
+        for (key, ProducerChange { record, before }) in self.producers {
             changed_totals.push((key.clone(), before, (record.bytes, record.messages)));
             self.changes.insert(key, encode(&record));
         }

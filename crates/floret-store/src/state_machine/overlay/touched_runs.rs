@@ -76,8 +76,7 @@ impl PendingApply<'_> {
                 .map_err(storage_error::read_state_machine)?;
             let removed = Removed::stored(marks.as_deref(), run.len())
                 .map_err(storage_error::read_state_machine)?;
-            let run = Run::parse(RunBytes::Stored(run.into_bytes()))
-                .map_err(storage_error::read_state_machine)?;
+            let run = run.rewrapped(RunBytes::Stored);
             self.runs.insert(
                 key.clone(),
                 TouchedRun {
@@ -172,25 +171,37 @@ impl PendingApply<'_> {
         Ok(Some((run_key, 0)))
     }
 
-    /// Marks message `index` of a touched run removed; its stored encoding,
-    /// or None if it was removed already.
+    /// Marks message `index` of a touched run removed; the bytes it counted
+    /// against its producer's limits, or None if it was removed already.
     pub(in crate::state_machine) fn remove_from_run(
         &mut self,
         run_key: &[u8],
         index: usize,
-    ) -> Result<Option<Vec<u8>>, StorageError> {
+    ) -> Result<Option<u64>, StorageError> {
         let touched = self.runs.get_mut(run_key).expect("the run was touched");
         if touched.removed.contains(index) {
             return Ok(None);
         }
-        let message = touched
+        let accounted = touched
             .run
-            .message_within(index)
-            .map_err(storage_error::read_state_machine)?
-            .into_owned();
+            .accounted_len(index)
+            .map_err(storage_error::read_state_machine)?;
         touched.removed.insert(index);
         touched.marks_changed = true;
-        Ok(Some(message))
+        Ok(Some(accounted))
+    }
+
+    /// The stored encoding of message `index` of a touched run, removed or not.
+    pub(in crate::state_machine) fn touched_message(
+        &self,
+        run_key: &[u8],
+        index: usize,
+    ) -> Result<Vec<u8>, StorageError> {
+        self.runs[run_key]
+            .run
+            .message_within(index)
+            .map(|message| message.into_owned())
+            .map_err(storage_error::read_state_machine)
     }
 
     /// Whether `sequence` of the producer is stored as this apply leaves it so far.
