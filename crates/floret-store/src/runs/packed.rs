@@ -123,15 +123,8 @@ pub(super) fn message(
     shared: &Shared,
     index: usize,
 ) -> Result<Cow<'static, [u8]>, RunError> {
-    let mut rest = &bytes[shared.entries_start..];
-    let mut end = shared.first_offset;
-    for _ in 0..index {
-        let entry;
-        (entry, rest) = take_entry(rest)?;
-        end = entry.end_after(end)?;
-    }
-    let (entry, _) = take_entry(rest)?;
-    let offset = end
+    let (entry, previous_end) = entry_at(bytes, shared, index)?;
+    let offset = previous_end
         .checked_add(entry.gap)
         .ok_or(RunError("a packed run's offsets overflow"))?;
     let payload = RestingPayload::Logged(LoggedPayload {
@@ -150,12 +143,21 @@ pub(super) fn message(
 /// The payload length of message `index` of a packed run that [`parse`]
 /// accepted.
 pub(super) fn payload_len(bytes: &[u8], shared: &Shared, index: usize) -> Result<u32, RunError> {
+    Ok(entry_at(bytes, shared, index)?.0.len)
+}
+
+/// The entry of message `index` of a packed run that [`parse`] accepted,
+/// with the end of the payload before it (the first's offset for message 0).
+fn entry_at(bytes: &[u8], shared: &Shared, index: usize) -> Result<(Entry, u64), RunError> {
     let mut rest = &bytes[shared.entries_start..];
+    let mut end = shared.first_offset;
     for _ in 0..index {
-        (_, rest) = take_entry(rest)?;
+        let entry;
+        (entry, rest) = take_entry(rest)?;
+        end = entry.end_after(end)?;
     }
     let (entry, _) = take_entry(rest)?;
-    Ok(entry.len)
+    Ok((entry, end))
 }
 
 impl Shared {
