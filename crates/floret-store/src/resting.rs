@@ -104,8 +104,13 @@ pub(crate) fn encode_resting(
 /// size stored inline, whichever form it is in.
 pub(crate) fn accounted_len(value: &[u8]) -> Result<u64, RestingError> {
     let (payload, rest) = postcard::take_from_bytes::<RestingPayload<'_>>(value)?;
-    let len = payload.len();
-    Ok(varint_len(len) + u64::from(len) + rest.len() as u64)
+    Ok(counted_inline(payload.len(), rest.len()))
+}
+
+/// The size of a message stored inline: its payload's length prefix and
+/// bytes, and `rest_len` bytes of headers and commit time after them.
+fn counted_inline(payload_len: u32, rest_len: usize) -> u64 {
+    varint_len(payload_len) + u64::from(payload_len) + rest_len as u64
 }
 
 /// [`accounted_len`] of a message with no headers, a payload of
@@ -117,7 +122,7 @@ pub(crate) fn accounted_len_without_headers(payload_len: u32, enqueued_at_ms: i6
         &mut buffer,
     )
     .expect("an empty map and an i64 fit in 16 bytes");
-    varint_len(payload_len) + u64::from(payload_len) + headers_and_time.len() as u64
+    counted_inline(payload_len, headers_and_time.len())
 }
 
 /// Bytes of `value` as a postcard varint.
