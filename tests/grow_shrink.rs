@@ -3,7 +3,8 @@
 //! addresses: no produce call fails, the p99 stays under 2 s, every
 //! acknowledged message is delivered, the replicas agree, the producers'
 //! deliveries are even again (Jain's index >= 0.95) once each change
-//! settles, and the member removed alive leaves only once it has retired
+//! settles (its replicas moved and every shard led by its preferred
+//! replica), and the member removed alive leaves only once it has retired
 //! every replica it held.
 
 use std::collections::BTreeMap;
@@ -16,8 +17,7 @@ use tokio::sync::watch;
 use super::SHARDS;
 use super::harness::{Cluster, one_cluster_at_a_time};
 use super::membership::{
-    MOVE_DEADLINE, retired_on, settled_voters, wait_for_equal_digests, wait_for_members,
-    wait_for_replicas_on,
+    MOVE_DEADLINE, retired_on, wait_for_equal_digests, wait_for_members, wait_for_replicas_on,
 };
 use super::rolling_restart::{
     Consumed, collect_produced, consume_steadily, percentile, produce_steadily,
@@ -105,6 +105,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
             "the new node's replicas moved",
         )
         .await;
+        cluster.wait_for_preferred_leaders(1).await;
         took.push((format!("add {node}"), began.elapsed()));
         fairness.push(fairness_after(&consumed, Instant::now()).await);
     }
@@ -115,16 +116,13 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         .remove_node(2)
         .await
         .expect("remove the dead node 2");
-    wait_for_replicas_on(&cluster.client(1), &[1, 3, 4, 5], "node 2's replicas moved").await;
+    let voters =
+        wait_for_replicas_on(&cluster.client(1), &[1, 3, 4, 5], "node 2's replicas moved").await;
+    cluster.wait_for_preferred_leaders(1).await;
     took.push(("remove 2 (dead)".to_owned(), began.elapsed()));
     fairness.push(fairness_after(&consumed, Instant::now()).await);
     let began = Instant::now();
-    let held_by_3 = settled_voters(&cluster.client(1))
-        .await
-        .expect("settled")
-        .iter()
-        .filter(|voters| voters.contains(&3))
-        .count();
+    let held_by_3 = voters.iter().filter(|voters| voters.contains(&3)).count();
     let retired_by_3 = retired_on(&cluster, 3);
     cluster
         .client(1)
@@ -149,6 +147,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         "every shard on nodes 1, 4 and 5",
     )
     .await;
+    cluster.wait_for_preferred_leaders(1).await;
     took.push(("remove 3 (alive)".to_owned(), began.elapsed()));
     fairness.push(fairness_after(&consumed, Instant::now()).await);
     stop_producing.send_replace(true);

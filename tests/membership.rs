@@ -42,16 +42,16 @@ fn settled_voters_in(status: &ClusterStatusResponse) -> Option<Vec<BTreeSet<u64>
         .collect()
 }
 
-/// Each shard's voters as the cluster status through `client` reports
-/// them, once every shard [`is_settled`].
-pub(super) async fn settled_voters(client: &Client) -> Option<Vec<BTreeSet<u64>>> {
-    settled_voters_in(&client.cluster_status().await.ok()?)
-}
-
 /// Waits until every shard has three voters, all of them in `members`,
-/// and the members together hold every shard `members` should; past
+/// and the members together hold every shard `members` should, and
+/// returns each shard's voters as that status reported them (a second
+/// status could catch a leadership hand-off under way); past
 /// [`MOVE_DEADLINE`] it panics naming each shard that had not settled.
-pub(super) async fn wait_for_replicas_on(client: &Client, members: &[u64], what: &str) {
+pub(super) async fn wait_for_replicas_on(
+    client: &Client,
+    members: &[u64],
+    what: &str,
+) -> Vec<BTreeSet<u64>> {
     let members: BTreeSet<u64> = members.iter().copied().collect();
     let last_seen = Mutex::new(String::from("no cluster status"));
     let settled = poll(MOVE_DEADLINE, Duration::from_millis(20), || async {
@@ -75,14 +75,15 @@ pub(super) async fn wait_for_replicas_on(client: &Client, members: &[u64], what:
         if !on_members {
             *last_seen.lock().unwrap() = format!("settled elsewhere: voters {voters:?}");
         }
-        on_members.then_some(())
+        on_members.then_some(voters)
     })
     .await;
-    assert!(
-        settled.is_some(),
-        "{what} did not happen within {MOVE_DEADLINE:?}; last seen: {}",
-        last_seen.lock().unwrap()
-    );
+    settled.unwrap_or_else(|| {
+        panic!(
+            "{what} did not happen within {MOVE_DEADLINE:?}; last seen: {}",
+            last_seen.lock().unwrap()
+        )
+    })
 }
 
 /// Each shard of `status` that has not settled: its leader, voters,
@@ -131,13 +132,10 @@ pub(super) async fn add_node_4(cluster: &mut Cluster, via: u64) -> usize {
         &[1, 2, 3, 4],
         "every shard at three replicas over four nodes, node 4 among them",
     )
-    .await;
-    settled_voters(&cluster.client(via))
-        .await
-        .expect("settled")
-        .iter()
-        .filter(|voters| voters.contains(&4))
-        .count()
+    .await
+    .iter()
+    .filter(|voters| voters.contains(&4))
+    .count()
 }
 
 /// What a node logs each time it deletes a retired replica's state.
