@@ -3,7 +3,8 @@
 //! in memory) and the stats API. It also holds the shard's policies in
 //! memory ([`PolicyTable`]), its [`BacklogTotals`] (over the whole shard
 //! and per producer group) and the delivery times of its delayed messages,
-//! which the state machine keeps equal to the tree.
+//! which the state machine keeps equal to the tree, and where each
+//! producer's messages were last found ([`RunHints`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -13,7 +14,7 @@ use crate::keys;
 use crate::policy::{Policy, PolicyTable};
 use crate::records::{AppliedState, DeadLetterRecord, ProducerRecord, StoredMessage, decode};
 use crate::resting;
-use crate::runs;
+use crate::runs::{self, RunHints};
 use crate::shard_tree::ShardTree;
 use crate::sink_spec::SinkSpec;
 use crate::storage_error;
@@ -30,6 +31,7 @@ pub struct ShardReader {
     totals: Arc<BacklogTotals>,
     /// Delivery time of every stored delayed message, by message key.
     delays: Arc<RwLock<HashMap<Vec<u8>, i64>>>,
+    run_hints: Arc<RunHints>,
 }
 
 /// One producer as the state machine knows it.
@@ -54,6 +56,7 @@ impl ShardReader {
             policies: Arc::new(RwLock::new(policies)),
             totals: Arc::default(),
             delays: Arc::new(RwLock::new(delays)),
+            run_hints: Arc::default(),
         };
         reader.count_totals()?;
         Ok(reader)
@@ -154,6 +157,7 @@ impl ShardReader {
         let table = Self::load_policies(&self.tree)?;
         *self.policies.write().expect("policy lock") = table;
         *self.delays.write().expect("delay lock") = Self::load_delays(&self.tree)?;
+        self.run_hints.clear();
         self.count_totals()
     }
 
@@ -236,6 +240,10 @@ impl ShardReader {
         &self.tree
     }
 
+    pub(crate) fn run_hints(&self) -> &RunHints {
+        &self.run_hints
+    }
+
     pub(crate) fn log(&self) -> &Arc<Wal> {
         &self.log
     }
@@ -291,9 +299,10 @@ impl ShardReader {
         sequence: u64,
     ) -> Result<Option<StoredMessage>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
-        let key = keys::message(queue, producer, sequence);
-        let Some((run_key, run)) =
-            runs::last_in(&self.tree, &prefix, &key).map_err(storage_error::read_state_machine)?
+        let Some(runs::StoredRun {
+            key: run_key, run, ..
+        }) = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, sequence)
+            .map_err(storage_error::read_state_machine)?
         else {
             return Ok(None);
         };
@@ -314,8 +323,9 @@ impl ShardReader {
     ) -> Result<Option<(u64, StoredMessage)>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
         let from_key = keys::message(queue, producer, from);
-        let holding = runs::last_in(&self.tree, &prefix, &from_key)
-            .map_err(storage_error::read_state_machine)?;
+        let holding = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, from)
+            .map_err(storage_error::read_state_machine)?
+            .map(|found| (found.key, found.run));
         let mut next = match holding {
             Some(found) => Some(found),
             None => runs::first_from(&self.tree, &from_key, &prefix)

@@ -43,7 +43,10 @@ use crate::keys;
 use crate::resting::{self, RestingError};
 use crate::shard_tree::ShardTree;
 
+mod hints;
 mod packed;
+
+pub(crate) use hints::{RunHints, StoredRun, last_at_or_before};
 
 /// Most bytes a run's messages count against their producer (each its
 /// size stored inline, [`crate::resting::accounted_len`]): a produce call
@@ -308,18 +311,6 @@ pub(crate) fn live_message<'r>(
     let marks = tree.get(keys::removed(run_key))?;
     let removed = Removed::stored(marks.as_deref(), run.len())?;
     Ok((!removed.contains(index)).then_some(message))
-}
-
-/// The stored run whose key is the greatest in `from..=to` (a range within
-/// one producer's message keys): the one that may hold `to`'s sequence.
-pub(crate) fn last_in(
-    tree: &ShardTree,
-    from: &[u8],
-    to: &[u8],
-) -> Result<Option<(sled::IVec, Run<sled::IVec>)>, RunStoreError> {
-    tree.last_in(from, to)?
-        .map(|(key, value)| Ok((key, Run::parse(value)?)))
-        .transpose()
 }
 
 /// The first stored run with a key at or after `from` that begins with `prefix`.

@@ -358,6 +358,7 @@ impl PendingApply<'_> {
                 self.changes.remove(run_key);
             }
         }
+        self.reader.run_hints().forget_producer(&prefix);
         self.forgotten.insert(prefix);
         Ok(())
     }

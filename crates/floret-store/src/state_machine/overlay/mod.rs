@@ -222,6 +222,7 @@ impl<'a> PendingApply<'a> {
             };
             if touched.removed.all() {
                 if new_run.is_none() {
+                    self.reader.run_hints().forget_run(&key);
                     self.changes.remove(key);
                     if touched.marks_stored {
                         self.changes.remove(marks_key);
@@ -230,6 +231,11 @@ impl<'a> PendingApply<'a> {
                 continue;
             }
             if touched.marks_changed {
+                if new_run.is_none() {
+                    self.reader
+                        .run_hints()
+                        .marks_changed(&key, touched.removed.as_bytes());
+                }
                 self.changes
                     .insert(marks_key, touched.removed.as_bytes().to_vec());
             }

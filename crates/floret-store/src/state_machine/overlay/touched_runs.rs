@@ -7,7 +7,7 @@ use std::ops::Bound;
 
 use super::PendingApply;
 use crate::keys;
-use crate::runs::{self, Removed, Run};
+use crate::runs::{self, Removed, Run, StoredRun};
 use crate::storage_error;
 use crate::types::StorageError;
 
@@ -62,20 +62,24 @@ impl PendingApply<'_> {
     }
 
     /// Brings a stored run into `runs`, unless this apply touched it
-    /// already; returns its key.
+    /// already, and holds it in its producer's hint; returns its key.
     pub(in crate::state_machine) fn touch(
         &mut self,
-        key: sled::IVec,
-        run: Run<sled::IVec>,
+        stored: StoredRun,
     ) -> Result<Vec<u8>, StorageError> {
+        let StoredRun { key, run, marks } = stored;
         let key = key.to_vec();
         if !self.runs.contains_key(&key) {
-            let marks = self
-                .tree()
-                .get(keys::removed(&key))
-                .map_err(storage_error::read_state_machine)?;
+            let marks = match marks {
+                Some(held) => held,
+                None => self
+                    .tree()
+                    .get(keys::removed(&key))
+                    .map_err(storage_error::read_state_machine)?,
+            };
             let removed = Removed::stored(marks.as_deref(), run.len())
                 .map_err(storage_error::read_state_machine)?;
+            self.reader.run_hints().hold(&key, &run, marks.clone());
             let run = run.rewrapped(RunBytes::Stored);
             self.runs.insert(
                 key.clone(),
@@ -121,14 +125,15 @@ impl PendingApply<'_> {
         let stored = if self.forgotten.contains(&prefix) {
             None
         } else {
-            runs::last_in(self.tree(), &prefix, &key).map_err(storage_error::read_state_machine)?
+            runs::last_at_or_before(self.tree(), self.reader.run_hints(), &prefix, sequence)
+                .map_err(storage_error::read_state_machine)?
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some((stored, run))) if stored.as_ref() > touched.as_slice() => {
-                self.touch(stored, run)?
+            (Some(touched), Some(stored)) if stored.key.as_ref() > touched.as_slice() => {
+                self.touch(stored)?
             }
             (Some(touched), _) => touched,
-            (None, Some((stored, run))) => self.touch(stored, run)?,
+            (None, Some(stored)) => self.touch(stored)?,
             (None, None) => return Ok(None),
         };
         Ok(holds(&run_key, &self.runs[&run_key]).map(|index| (run_key, index)))
@@ -159,13 +164,18 @@ impl PendingApply<'_> {
         } else {
             runs::first_from(self.tree(), &key, &prefix)
                 .map_err(storage_error::read_state_machine)?
+                .map(|(key, run)| StoredRun {
+                    key,
+                    run,
+                    marks: None,
+                })
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some((stored, run))) if stored.as_ref() < touched.as_slice() => {
-                self.touch(stored, run)?
+            (Some(touched), Some(stored)) if stored.key.as_ref() < touched.as_slice() => {
+                self.touch(stored)?
             }
             (Some(touched), _) => touched,
-            (None, Some((stored, run))) => self.touch(stored, run)?,
+            (None, Some(stored)) => self.touch(stored)?,
             (None, None) => return Ok(None),
         };
         Ok(Some((run_key, 0)))
