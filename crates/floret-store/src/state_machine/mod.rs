@@ -35,6 +35,8 @@
 //!   flight; their acks then answer "already acked".
 
 mod dead_letters;
+#[cfg(test)]
+mod hint_tests;
 mod ops;
 mod overlay;
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Payloads written once: what the state machine stores for an entry the
 //! node's own log holds, and what it hands out. Sinks stored and carried
-//! by snapshots. Hints that hold a run kept equal to the tree.
+//! by snapshots.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,37 +88,6 @@ async fn both_forms_count_the_same_bytes_against_limits() {
         digest(&inline),
         "replicas that stored different forms hold the same state"
     );
-}
-
-#[tokio::test]
-async fn an_ack_repeated_after_the_run_was_held_counts_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let database = Database::open(dir.path()).unwrap();
-    let payloads = [payload(1), payload(2), payload(3)];
-    append_and_apply(&database, enqueue(1, "a", &payloads), true).await;
-    let reader = database.state_machine(SHARD, None).unwrap().reader();
-    let remove = |index, sequences: &[u64]| {
-        let acked = sequences.iter().map(|&s| message("a", s)).collect();
-        ops(index, vec![Op::Remove(acked)])
-    };
-    append_and_apply(&database, remove(2, &[0]), true).await;
-    assert_eq!(reader.run_hints().len_and_held_bytes().0, 1);
-    append_and_apply(&database, remove(3, &[0]), true).await;
-    let record = reader.producer("q", "a").unwrap().unwrap();
-    assert_eq!(record.messages, 2, "the repeated ack removed nothing");
-    assert_eq!(reader.message("q", "a", 0).unwrap(), None);
-    assert_eq!(
-        reader.message("q", "a", 1).unwrap().unwrap().payload,
-        payload(2)
-    );
-    append_and_apply(&database, remove(4, &[1, 2]), true).await;
-    assert_eq!(
-        reader.run_hints().len_and_held_bytes(),
-        (0, 0),
-        "the deleted run is no hint"
-    );
-    assert_eq!(reader.producer("q", "a").unwrap().unwrap().messages, 0);
-    assert_eq!(reader.message("q", "a", 1).unwrap(), None);
 }
 
 /// Stores a run of one message from producer `a` (entry 1) and one of two
