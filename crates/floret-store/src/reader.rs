@@ -325,7 +325,7 @@ impl ShardReader {
         let from_key = keys::message(queue, producer, from);
         let holding = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, from)
             .map_err(storage_error::read_state_machine)?
-            .map(|found| (found.key, found.run));
+            .map(|found| (found.key.into(), found.run));
         let mut next = match holding {
             Some(found) => Some(found),
             None => runs::first_from(&self.tree, &from_key, &prefix)

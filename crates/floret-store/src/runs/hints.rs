@@ -45,7 +45,7 @@ pub(crate) const MAX_HELD_BYTES: usize = 1 << 20;
 
 /// A stored run as a lookup found it.
 pub(crate) struct StoredRun {
-    pub(crate) key: IVec,
+    pub(crate) key: Vec<u8>,
     pub(crate) run: Run<IVec>,
     /// Its removal marks when a held hint gave them (the inner None: it
     /// has none); None when they must be read from the tree.
@@ -208,7 +208,7 @@ pub(crate) fn last_at_or_before(
         match hint.held {
             Some(held) if holds(hint.first, &held.run) => {
                 return Ok(Some(StoredRun {
-                    key: key_of(hint.first).into(),
+                    key: key_of(hint.first),
                     run: held.run,
                     marks: Some(held.marks),
                 }));
@@ -221,7 +221,7 @@ pub(crate) fn last_at_or_before(
                         let run = Run::parse(bytes)?;
                         if holds(hint.first, &run) {
                             return Ok(Some(StoredRun {
-                                key: run_key.into(),
+                                key: run_key,
                                 run,
                                 marks: None,
                             }));
@@ -242,7 +242,7 @@ pub(crate) fn last_at_or_before(
         hints.name(prefix, first);
     }
     Ok(Some(StoredRun {
-        key: run_key,
+        key: run_key.to_vec(),
         run,
         marks: None,
     }))

@@ -62,24 +62,27 @@ impl PendingApply<'_> {
     }
 
     /// Brings a stored run into `runs`, unless this apply touched it
-    /// already, and holds it in its producer's hint; returns its key.
+    /// already, and holds it in its producer's hint unless it came from
+    /// there; returns its key.
     pub(in crate::state_machine) fn touch(
         &mut self,
         stored: StoredRun,
     ) -> Result<Vec<u8>, StorageError> {
         let StoredRun { key, run, marks } = stored;
-        let key = key.to_vec();
         if !self.runs.contains_key(&key) {
             let marks = match marks {
                 Some(held) => held,
-                None => self
-                    .tree()
-                    .get(keys::removed(&key))
-                    .map_err(storage_error::read_state_machine)?,
+                None => {
+                    let marks = self
+                        .tree()
+                        .get(keys::removed(&key))
+                        .map_err(storage_error::read_state_machine)?;
+                    self.reader.run_hints().hold(&key, &run, marks.clone());
+                    marks
+                }
             };
             let removed = Removed::stored(marks.as_deref(), run.len())
                 .map_err(storage_error::read_state_machine)?;
-            self.reader.run_hints().hold(&key, &run, marks.clone());
             let run = run.rewrapped(RunBytes::Stored);
             self.runs.insert(
                 key.clone(),
@@ -129,9 +132,7 @@ impl PendingApply<'_> {
                 .map_err(storage_error::read_state_machine)?
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some(stored)) if stored.key.as_ref() > touched.as_slice() => {
-                self.touch(stored)?
-            }
+            (Some(touched), Some(stored)) if stored.key > touched => self.touch(stored)?,
             (Some(touched), _) => touched,
             (None, Some(stored)) => self.touch(stored)?,
             (None, None) => return Ok(None),
@@ -165,15 +166,13 @@ impl PendingApply<'_> {
             runs::first_from(self.tree(), &key, &prefix)
                 .map_err(storage_error::read_state_machine)?
                 .map(|(key, run)| StoredRun {
-                    key,
+                    key: key.to_vec(),
                     run,
                     marks: None,
                 })
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some(stored)) if stored.key.as_ref() < touched.as_slice() => {
-                self.touch(stored)?
-            }
+            (Some(touched), Some(stored)) if stored.key < touched => self.touch(stored)?,
             (Some(touched), _) => touched,
             (None, Some(stored)) => self.touch(stored)?,
             (None, None) => return Ok(None),
