@@ -54,6 +54,7 @@ async fn a_retirement_a_crash_interrupted_is_finished_when_the_data_dir_opens() 
             .insert(super::shard_storage::retiring_key(4), &[])
             .unwrap();
         database.sync().await.unwrap();
+        database.close();
     }
     let database = Database::open(dir.path()).unwrap();
     assert_eq!(database.wal().vote(4), None);
