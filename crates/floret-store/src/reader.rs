@@ -299,16 +299,14 @@ impl ShardReader {
         sequence: u64,
     ) -> Result<Option<StoredMessage>, StorageError> {
         let prefix = keys::message_prefix(queue, producer);
-        let Some(runs::StoredRun {
-            key: run_key, run, ..
-        }) = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, sequence)
+        let Some(found) = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, sequence)
             .map_err(storage_error::read_state_machine)?
         else {
             return Ok(None);
         };
-        let first = keys::message_sequence(&run_key).expect("run keys end with a sequence");
+        let first = keys::message_sequence(&found.key).expect("run keys end with a sequence");
         let index = (sequence - first) as usize;
-        runs::live_message(&self.tree, &run_key, &run, index)
+        runs::live_message(&self.tree, &found, index)
             .map_err(storage_error::read_state_machine)?
             .map(|bytes| self.resolve(&bytes))
             .transpose()

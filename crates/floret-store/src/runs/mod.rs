@@ -27,7 +27,8 @@
 //! - A run whose messages are all acked but one keeps the whole run on disk
 //!   until that one goes.
 //! - A reader outside the state machine reads a run and then its marks, not
-//!   both at one instant: if an apply deletes the run (its last message
+//!   both at one instant (unless both come from the run's held hint,
+//!   `hints.rs`): if an apply deletes the run (its last message
 //!   acked) between the two reads, the reader sees no marks and takes the
 //!   run's acked messages for live until its next read. The dispatcher only
 //!   reads a message it holds as ready, so this shows at worst as one
@@ -298,17 +299,21 @@ impl Removed {
     }
 }
 
-/// Reads a message out of `run` stored at `run_key`, unless it is removed.
+/// Reads message `index` out of a `stored` run, unless it is removed; its
+/// marks are the held ones the lookup gave, else read from `tree`.
 pub(crate) fn live_message<'r>(
     tree: &ShardTree,
-    run_key: &[u8],
-    run: &'r Run<sled::IVec>,
+    stored: &'r StoredRun,
     index: usize,
 ) -> Result<Option<Cow<'r, [u8]>>, RunStoreError> {
+    let run = &stored.run;
     let Some(message) = run.message(index)? else {
         return Ok(None);
     };
-    let marks = tree.get(keys::removed(run_key))?;
+    let marks = match &stored.marks {
+        Some(held) => held.clone(),
+        None => tree.get(keys::removed(&stored.key))?,
+    };
     let removed = Removed::stored(marks.as_deref(), run.len())?;
     Ok((!removed.contains(index)).then_some(message))
 }
