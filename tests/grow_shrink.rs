@@ -122,7 +122,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
     took.push(("remove 2 (dead)".to_owned(), began.elapsed()));
     fairness.push(fairness_after(&consumed, Instant::now()).await);
     let began = Instant::now();
-    let held_by_3 = voters.iter().filter(|voters| voters.contains(&3)).count();
+    let held_by_3 = voters.iter().filter(|shard| shard.contains(&3)).count();
     let retired_by_3 = retired_on(&cluster, 3);
     cluster
         .client(1)
