@@ -7,7 +7,7 @@
 //! replica), and the member removed alive leaves only once it has retired
 //! every replica it held.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,15 @@ async fn fairness_after(
     (jain_index(&shares).unwrap_or(0.0), per_producer)
 }
 
+/// Waits until a change has settled: every shard's replicas on `members`
+/// (`what` names that in a failure) and every shard led by its preferred
+/// replica, as node 1 reports it; returns each shard's voters.
+async fn settle(cluster: &Cluster, members: &[u64], what: &str) -> Vec<BTreeSet<u64>> {
+    let voters = wait_for_replicas_on(&cluster.client(1), members, what).await;
+    cluster.wait_for_preferred_leaders(1).await;
+    voters
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls() {
     let _one = one_cluster_at_a_time().await;
@@ -99,13 +108,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
             .await
             .unwrap_or_else(|e| panic!("add node {node}: {e}"));
         assert_eq!(tokio::task::block_in_place(|| cluster.join()), node);
-        wait_for_replicas_on(
-            &cluster.client(1),
-            &members,
-            "the new node's replicas moved",
-        )
-        .await;
-        cluster.wait_for_preferred_leaders(1).await;
+        settle(&cluster, &members, "the new node's replicas moved").await;
         took.push((format!("add {node}"), began.elapsed()));
         fairness.push(fairness_after(&consumed, Instant::now()).await);
     }
@@ -116,9 +119,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         .remove_node(2)
         .await
         .expect("remove the dead node 2");
-    let voters =
-        wait_for_replicas_on(&cluster.client(1), &[1, 3, 4, 5], "node 2's replicas moved").await;
-    cluster.wait_for_preferred_leaders(1).await;
+    let voters = settle(&cluster, &[1, 3, 4, 5], "node 2's replicas moved").await;
     took.push(("remove 2 (dead)".to_owned(), began.elapsed()));
     fairness.push(fairness_after(&consumed, Instant::now()).await);
     let began = Instant::now();
@@ -141,13 +142,7 @@ async fn a_cluster_grown_to_five_and_shrunk_to_three_under_load_loses_or_stalls(
         exit.is_some_and(|status| status.success()),
         "node 3 stopped: {exit:?}"
     );
-    wait_for_replicas_on(
-        &cluster.client(1),
-        &[1, 4, 5],
-        "every shard on nodes 1, 4 and 5",
-    )
-    .await;
-    cluster.wait_for_preferred_leaders(1).await;
+    settle(&cluster, &[1, 4, 5], "every shard on nodes 1, 4 and 5").await;
     took.push(("remove 3 (alive)".to_owned(), began.elapsed()));
     fairness.push(fairness_after(&consumed, Instant::now()).await);
     stop_producing.send_replace(true);
