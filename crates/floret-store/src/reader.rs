@@ -298,6 +298,12 @@ impl ShardReader {
         producer: &str,
         sequence: u64,
     ) -> Result<Option<StoredMessage>, StorageError> {
+        let Some(head) = self.producer(queue, producer)?.map(|record| record.head) else {
+            return Ok(None);
+        };
+        if sequence < head {
+            return Ok(None);
+        }
         let prefix = keys::message_prefix(queue, producer);
         let Some(found) = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, sequence)
             .map_err(storage_error::read_state_machine)?
@@ -306,7 +312,7 @@ impl ShardReader {
         };
         let first = keys::message_sequence(&found.key).expect("run keys end with a sequence");
         let index = (sequence - first) as usize;
-        runs::live_message(&self.tree, &found, index)
+        runs::live_message(&self.tree, &found, index, head)
             .map_err(storage_error::read_state_machine)?
             .map(|bytes| self.resolve(&bytes))
             .transpose()
@@ -319,6 +325,10 @@ impl ShardReader {
         producer: &str,
         from: u64,
     ) -> Result<Option<(u64, StoredMessage)>, StorageError> {
+        let Some(head) = self.producer(queue, producer)?.map(|record| record.head) else {
+            return Ok(None);
+        };
+        let from = from.max(head);
         let prefix = keys::message_prefix(queue, producer);
         let from_key = keys::message(queue, producer, from);
         let holding = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, from)

@@ -12,12 +12,14 @@ use super::OpenError;
 pub const MARKER_FILE: &str = "FLORET";
 /// Version of the on-disk layout this build reads and writes. Format 5
 /// stores most message runs packed (`runs/packed.rs`), which a format-4
-/// build cannot read.
-pub const FORMAT_VERSION: u32 = 5;
+/// build cannot read. Format 6 removes a message at its producer's head by
+/// moving the head alone, without a removal mark (`runs/removed.rs`): a
+/// format-5 build would take such messages for stored.
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Older formats this build reads as they are: their data dirs are marked
 /// with [`FORMAT_VERSION`] on open, so an older build no longer opens them.
-const UPGRADED_FORMATS: [u32; 1] = [4];
+const UPGRADED_FORMATS: [u32; 2] = [4, 5];
 
 /// Checks (or, for a new data dir, writes) the format marker; true when
 /// the data dir was created.
@@ -78,18 +80,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_format_4_data_dir_is_read_and_marked_so_an_older_build_refuses_it() {
-        let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join(MARKER_FILE), "format 4\n").unwrap();
-        assert!(!check_marker(dir.path()).unwrap());
-        let marker = fs::read_to_string(dir.path().join(MARKER_FILE)).unwrap();
-        assert_eq!(marker.trim(), format!("format {FORMAT_VERSION}"));
-        assert!(!check_marker(dir.path()).unwrap(), "opens again as it is");
+    fn a_format_4_or_5_data_dir_is_read_and_marked_so_an_older_build_refuses_it() {
+        for old in ["format 4\n", "format 5\n"] {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join(MARKER_FILE), old).unwrap();
+            assert!(!check_marker(dir.path()).unwrap());
+            let marker = fs::read_to_string(dir.path().join(MARKER_FILE)).unwrap();
+            assert_eq!(marker.trim(), format!("format {FORMAT_VERSION}"));
+            assert!(!check_marker(dir.path()).unwrap(), "opens again as it is");
+        }
     }
 
     #[test]
     fn a_format_this_build_does_not_read_is_refused_untouched() {
-        for found in ["format 3", "format 6", "something else"] {
+        for found in ["format 3", "format 7", "something else"] {
             let dir = tempfile::tempdir().unwrap();
             fs::write(dir.path().join(MARKER_FILE), found).unwrap();
             assert!(matches!(

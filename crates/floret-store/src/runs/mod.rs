@@ -17,20 +17,21 @@
 //! packed instead (`packed.rs`: about 7 bytes a message instead of 24),
 //! and reads back as the same plain encodings. A run's key
 //! is the key of its first message ([`crate::keys::message`]); a run holds
-//! consecutive sequences. Messages are removed (acked, dropped, dead
-//! lettered) by setting their bit in the run's removal marks, a small value
-//! under [`crate::keys::removed`]; the run and its marks are deleted once
-//! every message of the run is removed. A run never changes once written, so
-//! an ack rewrites a few bytes of marks, not the run.
+//! consecutive sequences. A message is removed (acked, dropped, dead
+//! lettered) when it lies below its producer's head, or when its bit is set
+//! in the run's removal marks, a small value under [`crate::keys::removed`]
+//! (`removed.rs`); the run and its marks are deleted once every message of
+//! the run is removed. A run never changes once written, so an ack moves
+//! the head or rewrites a few bytes of marks, not the run.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A run whose messages are all acked but one keeps the whole run on disk
 //!   until that one goes.
-//! - A reader outside the state machine reads a run and then its marks, not
-//!   both at one instant (unless both come from the run's held hint,
-//!   `hints.rs`): if an apply deletes the run (its last message
-//!   acked) between the two reads, the reader sees no marks and takes the
-//!   run's acked messages for live until its next read. The dispatcher only
+//! - A reader outside the state machine reads the producer's head, the run
+//!   and then its marks, not all at one instant (the run and marks do come
+//!   together from the run's held hint, `hints.rs`): if an apply moves the
+//!   head or deletes the run (its last message acked) between the reads, the
+//!   reader takes the run's acked messages for live until its next read. The dispatcher only
 //!   reads a message it holds as ready, so this shows at worst as one
 //!   delivery of a message removed at that instant, the same as a read
 //!   just before the removal.
@@ -46,8 +47,10 @@ use crate::shard_tree::ShardTree;
 
 mod hints;
 mod packed;
+mod removed;
 
 pub(crate) use hints::{RunHints, StoredRun, last_at_or_before};
+pub(crate) use removed::{Removal, Removed};
 
 /// Most bytes a run's messages count against their producer (each its
 /// size stored inline, [`crate::resting::accounted_len`]): a produce call
@@ -235,78 +238,20 @@ impl<B: AsRef<[u8]>> Run<B> {
     }
 }
 
-/// Which messages of a run are removed: bit `i` set when message `i` is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Removed {
-    bits: Vec<u8>,
-    count: usize,
-}
-
-impl Removed {
-    /// No message of a run of `count` removed.
-    pub(crate) fn none(count: usize) -> Self {
-        Self {
-            bits: vec![0; count.div_ceil(8)],
-            count,
-        }
-    }
-
-    /// The marks stored for a run of `count`, or none if it has no marks.
-    pub(crate) fn stored(bytes: Option<&[u8]>, count: usize) -> Result<Self, RunError> {
-        match bytes {
-            None => Ok(Self::none(count)),
-            Some(bits) if bits.len() == count.div_ceil(8) && Self::padding_clear(bits, count) => {
-                Ok(Self {
-                    bits: bits.to_vec(),
-                    count,
-                })
-            }
-            Some(_) => Err(RunError("removal marks do not match the run's length")),
-        }
-    }
-
-    /// Whether the bits past the run's last message are all clear, as
-    /// [`Removed::all`] counts set bits.
-    fn padding_clear(bits: &[u8], count: usize) -> bool {
-        let used_in_last = count % 8;
-        used_in_last == 0 || bits.last().is_none_or(|last| last >> used_in_last == 0)
-    }
-
-    /// Whether message `index` is removed.
-    pub(crate) fn contains(&self, index: usize) -> bool {
-        self.bits[index / 8] & (1 << (index % 8)) != 0
-    }
-
-    /// Marks message `index` removed; false if it already was.
-    pub(crate) fn insert(&mut self, index: usize) -> bool {
-        let was = self.contains(index);
-        self.bits[index / 8] |= 1 << (index % 8);
-        !was
-    }
-
-    /// Whether every message of the run is removed.
-    pub(crate) fn all(&self) -> bool {
-        self.bits
-            .iter()
-            .map(|b| b.count_ones() as usize)
-            .sum::<usize>()
-            == self.count
-    }
-
-    /// The stored form.
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bits
-    }
-}
-
-/// Reads message `index` out of a `stored` run, unless it is removed; its
-/// marks are the held ones the lookup gave, else read from `tree`.
+/// Reads message `index` out of a `stored` run of a producer whose head is
+/// at `head`, unless it is removed: below the head, or marked (the held
+/// marks the lookup gave, else read from `tree`).
 pub(crate) fn live_message<'r>(
     tree: &ShardTree,
     stored: &'r StoredRun,
     index: usize,
+    head: u64,
 ) -> Result<Option<Cow<'r, [u8]>>, RunStoreError> {
     let run = &stored.run;
+    let first = keys::message_sequence(&stored.key).ok_or(RunError("a run key too short"))?;
+    if first + (index as u64) < head {
+        return Ok(None);
+    }
     let Some(message) = run.message(index)? else {
         return Ok(None);
     };
@@ -393,25 +338,6 @@ mod tests {
                 MAX_RUN_MESSAGES..MAX_RUN_MESSAGES * 2,
                 MAX_RUN_MESSAGES * 2..MAX_RUN_MESSAGES * 2 + 1
             ]
-        );
-    }
-
-    #[test]
-    fn marks_know_when_the_whole_run_is_removed() {
-        let mut removed = Removed::none(9);
-        for index in 0..8 {
-            assert!(removed.insert(index));
-        }
-        assert!(!removed.insert(3));
-        assert!(!removed.all());
-        removed.insert(8);
-        assert!(removed.all());
-        let stored = Removed::stored(Some(removed.as_bytes()), 9).unwrap();
-        assert_eq!(stored, removed);
-        assert!(Removed::stored(Some(&[0]), 9).is_err());
-        assert!(
-            Removed::stored(Some(&[0xff, 0b10]), 9).is_err(),
-            "a mark past the run's end would make a live run look removed"
         );
     }
 }

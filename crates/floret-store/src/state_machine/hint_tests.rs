@@ -1,32 +1,22 @@
 //! The runs the state machine holds for acks (`runs/hints.rs`) stay
 //! equal to the tree: a repeated ack, a deleted run, a snapshot install.
 
-use std::collections::BTreeMap;
-
 use openraft::Entry;
 
 use super::test_support::{
-    SHARD, append_and_apply, enqueue_messages, install_snapshot_of, message, ops, payload,
+    SHARD, acks, append_and_apply, enqueue_payloads, install_snapshot_of, payload,
 };
 use crate::Database;
-use crate::types::{NewMessage, Op, TypeConfig};
+use crate::types::TypeConfig;
 
 /// Producer `a` produces `payloads` in one call.
 fn enqueue(index: u64, payloads: &[Vec<u8>]) -> Entry<TypeConfig> {
-    let messages = payloads
-        .iter()
-        .map(|payload| NewMessage {
-            payload: payload.clone(),
-            headers: BTreeMap::new(),
-        })
-        .collect();
-    enqueue_messages(index, "a", messages)
+    enqueue_payloads(index, "a", payloads)
 }
 
 /// Acks `sequences` of producer `a`.
 fn remove(index: u64, sequences: &[u64]) -> Entry<TypeConfig> {
-    let acked = sequences.iter().map(|&s| message("a", s)).collect();
-    ops(index, vec![Op::Remove(acked)])
+    acks(index, "a", sequences)
 }
 
 #[tokio::test]

@@ -36,6 +36,8 @@
 
 mod dead_letters;
 #[cfg(test)]
+mod head_tests;
+#[cfg(test)]
 mod hint_tests;
 mod ops;
 mod overlay;

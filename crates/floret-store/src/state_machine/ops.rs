@@ -144,6 +144,7 @@ impl PendingApply<'_> {
         let (queue, producer) = (enqueue.queue.as_str(), enqueue.producer.as_str());
         let record = self.producer(queue, producer)?.clone();
         let (mut messages, mut bytes) = (record.messages, record.bytes);
+        let mut head = record.head;
         let mut sequence = record.head;
         let mut last = None;
         while policy.exceeded_by(messages, bytes) {
@@ -156,12 +157,13 @@ impl PendingApply<'_> {
                 if !policy.exceeded_by(messages, bytes) {
                     break;
                 }
-                let Some(accounted_bytes) = self.remove_from_run(&run_key, index)? else {
+                let Some(removed) = self.remove_from_run(&run_key, index, head)? else {
                     continue;
                 };
                 let sequence = first + index as u64;
+                head = removed.head;
                 messages -= 1;
-                bytes -= accounted_bytes;
+                bytes -= removed.accounted_bytes;
                 last = Some(sequence);
                 self.forget_delay(&keys::message(queue, producer, sequence));
                 if dead_letter {
@@ -187,7 +189,7 @@ impl PendingApply<'_> {
         let record = self.producer(queue, producer)?;
         record.messages = messages;
         record.bytes = bytes;
-        record.head = record.head.max(last + 1);
+        record.head = head.max(last + 1);
         self.events.push(AppliedEvent::Dropped {
             shard: self.shard,
             queue: queue.to_owned(),
@@ -201,12 +203,18 @@ impl PendingApply<'_> {
     /// it was not stored.
     pub(super) fn take(&mut self, message: &MessageRef) -> Result<Option<Taken<'_>>, StorageError> {
         let (queue, producer) = (message.queue.as_str(), message.producer.as_str());
+        let head = self.producer(queue, producer)?.head;
+        if message.sequence < head {
+            return Ok(None);
+        }
         let Some((run_key, index)) = self.run_holding(queue, producer, message.sequence)? else {
             return Ok(None);
         };
-        let Some(bytes) = self.remove_from_run(&run_key, index)? else {
+        let head = self.head_across_deleted_runs(queue, producer, head, &run_key)?;
+        let Some(removed) = self.remove_from_run(&run_key, index, head)? else {
             return Ok(None);
         };
+        let bytes = removed.accounted_bytes;
         self.forget_delay(&keys::message(queue, producer, message.sequence));
         let record = self.producer(queue, producer)?;
         let (Some(messages), Some(remaining_bytes)) = (
@@ -223,14 +231,35 @@ impl PendingApply<'_> {
         };
         record.messages = messages;
         record.bytes = remaining_bytes;
-        if record.head == message.sequence {
-            record.head += 1;
-        }
+        record.head = removed.head;
         Ok(Some(Taken {
             run_key,
             index,
             producer: record,
         }))
+    }
+
+    /// The producer's head, moved up to the start of the run at `run_key`
+    /// when it stands before that run and no stored run lies between: the
+    /// runs there were deleted, all their messages removed. Without it, a
+    /// head left behind a run deleted by out-of-order acks would make every
+    /// later ack of the producer mark a bit instead of moving the head.
+    fn head_across_deleted_runs(
+        &mut self,
+        queue: &str,
+        producer: &str,
+        head: u64,
+        run_key: &[u8],
+    ) -> Result<u64, StorageError> {
+        let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
+        if head >= first {
+            return Ok(head);
+        }
+        let nearest = self.run_from(queue, producer, head)?;
+        Ok(match nearest {
+            Some((nearest, _)) if nearest == run_key => first,
+            _ => head,
+        })
     }
 
     pub(super) fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {

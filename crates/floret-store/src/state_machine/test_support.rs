@@ -2,6 +2,8 @@
 //! through a node's own log as openraft does, and a snapshot carried from
 //! one database to another.
 
+use std::collections::BTreeMap;
+
 use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload};
 
@@ -41,6 +43,28 @@ pub(super) fn enqueue_messages(
             })],
         }),
     }
+}
+
+/// An entry of one produce call by `producer` of `payloads`, without headers.
+pub(super) fn enqueue_payloads(
+    index: u64,
+    producer: &str,
+    payloads: &[Vec<u8>],
+) -> Entry<TypeConfig> {
+    let messages = payloads
+        .iter()
+        .map(|payload| NewMessage {
+            payload: payload.clone(),
+            headers: BTreeMap::new(),
+        })
+        .collect();
+    enqueue_messages(index, producer, messages)
+}
+
+/// An entry acking `sequences` of `producer` in queue `q`.
+pub(super) fn acks(index: u64, producer: &str, sequences: &[u64]) -> Entry<TypeConfig> {
+    let acked = sequences.iter().map(|&s| message(producer, s)).collect();
+    ops(index, vec![Op::Remove(acked)])
 }
 
 pub(super) fn message(producer: &str, sequence: u64) -> MessageRef {

@@ -196,6 +196,17 @@ impl<'a> PendingApply<'a> {
         Ok(&mut change.record)
     }
 
+    /// The producer's head as this apply leaves it so far, read without
+    /// holding its record for the commit to write.
+    pub(super) fn producer_head(&self, queue: &str, producer: &str) -> Result<u64, StorageError> {
+        let key = keys::producer(queue, producer);
+        if let Some(change) = self.producers.get(&key) {
+            return Ok(change.record.head);
+        }
+        let stored = value_as_left(&self.changes, self.reader.tree(), &key)?;
+        Ok(ShardReader::decode_producer(stored)?.head)
+    }
+
     /// Removes the delivery time of a message being deleted, if it has one.
     pub(super) fn forget_delay(&mut self, message_key: &[u8]) {
         if self.delays_added.remove(message_key).is_some() || self.reader.is_delayed(message_key) {

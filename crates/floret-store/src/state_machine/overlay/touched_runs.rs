@@ -1,13 +1,14 @@
 //! The runs one `apply` call touches: a produce's new runs, and stored
 //! runs brought into the overlay to find, read or remove a message, with
-//! their removal marks as the apply leaves them so far. Reads see the
-//! apply's runs before the tree's; `mod.rs` writes them at commit.
+//! their removed messages as the apply leaves them so far (the producer's
+//! head and the removal marks, `runs/removed.rs`). Reads see the apply's
+//! runs before the tree's; `mod.rs` writes them at commit.
 
 use std::ops::Bound;
 
 use super::PendingApply;
 use crate::keys;
-use crate::runs::{self, Removed, Run, StoredRun};
+use crate::runs::{self, Removal, Removed, Run, StoredRun};
 use crate::storage_error;
 use crate::types::StorageError;
 
@@ -61,15 +62,18 @@ impl PendingApply<'_> {
         );
     }
 
-    /// Brings a stored run into `runs`, unless this apply touched it
-    /// already, and holds it in its producer's hint unless it came from
-    /// there; returns its key.
-    pub(in crate::state_machine) fn touch(
+    /// Brings a stored run of the producer into `runs`, unless this apply
+    /// touched it already, and holds it in its producer's hint unless it
+    /// came from there; returns its key.
+    fn touch(
         &mut self,
+        queue: &str,
+        producer: &str,
         stored: StoredRun,
     ) -> Result<Vec<u8>, StorageError> {
         let StoredRun { key, run, marks } = stored;
         if !self.runs.contains_key(&key) {
+            let head = self.producer_head(queue, producer)?;
             let marks = match marks {
                 Some(held) => held,
                 None => {
@@ -81,8 +85,9 @@ impl PendingApply<'_> {
                     marks
                 }
             };
-            let removed = Removed::stored(marks.as_deref(), run.len())
+            let mut removed = Removed::stored(marks.as_deref(), run.len())
                 .map_err(storage_error::read_state_machine)?;
+            removed.head_at(run_first(&key), head);
             let run = run.rewrapped(RunBytes::Stored);
             self.runs.insert(
                 key.clone(),
@@ -108,8 +113,7 @@ impl PendingApply<'_> {
         let prefix = keys::message_prefix(queue, producer);
         let key = keys::message(queue, producer, sequence);
         let holds = |run_key: &[u8], run: &TouchedRun| {
-            let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
-            let index = (sequence - first) as usize;
+            let index = (sequence - run_first(run_key)) as usize;
             (index < run.run.len()).then_some(index)
         };
         let touched = self
@@ -132,9 +136,11 @@ impl PendingApply<'_> {
                 .map_err(storage_error::read_state_machine)?
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some(stored)) if stored.key > touched => self.touch(stored)?,
+            (Some(touched), Some(stored)) if stored.key > touched => {
+                self.touch(queue, producer, stored)?
+            }
             (Some(touched), _) => touched,
-            (None, Some(stored)) => self.touch(stored)?,
+            (None, Some(stored)) => self.touch(queue, producer, stored)?,
             (None, None) => return Ok(None),
         };
         Ok(holds(&run_key, &self.runs[&run_key]).map(|index| (run_key, index)))
@@ -172,32 +178,47 @@ impl PendingApply<'_> {
                 })
         };
         let run_key = match (touched, stored) {
-            (Some(touched), Some(stored)) if stored.key < touched => self.touch(stored)?,
+            (Some(touched), Some(stored)) if stored.key < touched => {
+                self.touch(queue, producer, stored)?
+            }
             (Some(touched), _) => touched,
-            (None, Some(stored)) => self.touch(stored)?,
+            (None, Some(stored)) => self.touch(queue, producer, stored)?,
             (None, None) => return Ok(None),
         };
         Ok(Some((run_key, 0)))
     }
 
-    /// Marks message `index` of a touched run removed; the bytes it counted
-    /// against its producer's limits, or None if it was removed already.
+    /// Removes message `index` of a touched run of the producer whose head
+    /// is at `head`: the bytes it counted against its producer's limits and
+    /// the head after it, or None if it was removed already.
     pub(in crate::state_machine) fn remove_from_run(
         &mut self,
         run_key: &[u8],
         index: usize,
-    ) -> Result<Option<u64>, StorageError> {
+        head: u64,
+    ) -> Result<Option<RemovedMessage>, StorageError> {
+        let first = run_first(run_key);
         let touched = self.runs.get_mut(run_key).expect("the run was touched");
+        touched.removed.head_at(first, head);
         if touched.removed.contains(index) {
             return Ok(None);
         }
-        let accounted = touched
+        let accounted_bytes = touched
             .run
             .accounted_len(index)
             .map_err(storage_error::read_state_machine)?;
-        touched.removed.insert(index);
-        touched.marks_changed = true;
-        Ok(Some(accounted))
+        match touched.removed.insert(index) {
+            Removal::Marked => touched.marks_changed = true,
+            Removal::MovedHead | Removal::Already => {}
+        }
+        let head = touched
+            .removed
+            .head_index()
+            .map_or(head, |index| head.max(first + index as u64));
+        Ok(Some(RemovedMessage {
+            accounted_bytes,
+            head,
+        }))
     }
 
     /// The stored encoding of message `index` of a touched run, removed or not.
@@ -220,8 +241,25 @@ impl PendingApply<'_> {
         producer: &str,
         sequence: u64,
     ) -> Result<bool, StorageError> {
-        Ok(self
-            .run_holding(queue, producer, sequence)?
-            .is_some_and(|(run_key, index)| !self.runs[&run_key].removed.contains(index)))
+        let Some((run_key, index)) = self.run_holding(queue, producer, sequence)? else {
+            return Ok(false);
+        };
+        let head = self.producer_head(queue, producer)?;
+        let touched = self.runs.get_mut(&run_key).expect("the run was touched");
+        touched.removed.head_at(run_first(&run_key), head);
+        Ok(!touched.removed.contains(index))
     }
+}
+
+/// A message [`PendingApply::remove_from_run`] removed.
+pub(in crate::state_machine) struct RemovedMessage {
+    /// The bytes it counted against its producer's limits.
+    pub(in crate::state_machine) accounted_bytes: u64,
+    /// The producer's head after it.
+    pub(in crate::state_machine) head: u64,
+}
+
+/// The first sequence of the run stored at `run_key`.
+fn run_first(run_key: &[u8]) -> u64 {
+    keys::message_sequence(run_key).expect("run keys end with a sequence")
 }
