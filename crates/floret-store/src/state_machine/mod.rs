@@ -44,6 +44,8 @@ mod overlay;
 #[cfg(test)]
 mod packed_run_tests;
 #[cfg(test)]
+mod replica_tests;
+#[cfg(test)]
 mod test_support;
 #[cfg(test)]
 mod tests;

@@ -210,7 +210,7 @@ impl PendingApply<'_> {
         let Some((run_key, index)) = self.run_holding(queue, producer, message.sequence)? else {
             return Ok(None);
         };
-        let head = self.head_across_deleted_runs(queue, producer, head, &run_key)?;
+        let head = self.head_across_removed_runs(queue, producer, head, &run_key)?;
         let Some(removed) = self.remove_from_run(&run_key, index, head)? else {
             return Ok(None);
         };
@@ -240,11 +240,13 @@ impl PendingApply<'_> {
     }
 
     /// The producer's head, moved up to the start of the run at `run_key`
-    /// when it stands before that run and no stored run lies between: the
-    /// runs there were deleted, all their messages removed. Without it, a
-    /// head left behind a run deleted by out-of-order acks would make every
-    /// later ack of the producer mark a bit instead of moving the head.
-    fn head_across_deleted_runs(
+    /// when every message between them is removed: the runs there are
+    /// deleted, or (in this apply) have all their messages removed. Without
+    /// it, a head left behind a run that overtaking acks removed would make
+    /// every later ack of the producer mark a bit instead of moving the
+    /// head. A run removed in this apply counts as deleted, so the outcome
+    /// does not depend on how many entries openraft hands one apply call.
+    fn head_across_removed_runs(
         &mut self,
         queue: &str,
         producer: &str,
@@ -252,14 +254,23 @@ impl PendingApply<'_> {
         run_key: &[u8],
     ) -> Result<u64, StorageError> {
         let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
-        if head >= first {
-            return Ok(head);
+        let mut from = head;
+        while from < first {
+            let Some((nearest, _)) = self.run_from(queue, producer, from)? else {
+                return Ok(head);
+            };
+            if nearest == run_key {
+                break;
+            }
+            let touched = &self.runs[&nearest];
+            if !touched.removed.all() {
+                return Ok(head);
+            }
+            let nearest_first =
+                keys::message_sequence(&nearest).expect("run keys end with a sequence");
+            from = nearest_first + touched.run.len() as u64;
         }
-        let nearest = self.run_from(queue, producer, head)?;
-        Ok(match nearest {
-            Some((nearest, _)) if nearest == run_key => first,
-            _ => head,
-        })
+        Ok(head.max(first))
     }
 
     pub(super) fn remove(&mut self, messages: &[MessageRef]) -> Result<OpReply, StorageError> {

@@ -85,17 +85,32 @@ pub(super) fn ops(index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
 /// Appends `entry` to the node's log (synced if `sync`), reads it back
 /// through the shard's log store as openraft does, and applies it.
 pub(super) async fn append_and_apply(database: &Database, entry: Entry<TypeConfig>, sync: bool) {
-    let index = entry.log_id.index;
-    database
-        .wal()
-        .append(SHARD, vec![(entry.log_id, encode_entry(entry))])
-        .unwrap();
+    append_and_apply_together(database, vec![entry], sync).await;
+}
+
+/// Appends `entries` (consecutive) to the node's log, synced if `sync`,
+/// and applies them in one call, as openraft does with the entries
+/// committed since its last apply.
+pub(super) async fn append_and_apply_together(
+    database: &Database,
+    entries: Vec<Entry<TypeConfig>>,
+    sync: bool,
+) {
+    let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+        return;
+    };
+    let indexes = first.log_id.index..=last.log_id.index;
+    let encoded = entries
+        .into_iter()
+        .map(|entry| (entry.log_id, encode_entry(entry)))
+        .collect();
+    database.wal().append(SHARD, encoded).unwrap();
     if sync {
         database.wal().sync().unwrap();
     }
     let entries = database
         .log_store(SHARD)
-        .try_get_log_entries(index..=index)
+        .try_get_log_entries(indexes)
         .await
         .unwrap();
     let mut state_machine = database.state_machine(SHARD, None).unwrap();
