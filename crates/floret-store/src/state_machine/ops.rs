@@ -18,7 +18,7 @@ use crate::types::{
 };
 
 use super::AppliedEvent;
-use super::overlay::{PendingApply, RunBytes};
+use super::overlay::{PendingApply, RunBytes, run_first};
 
 impl PendingApply<'_> {
     pub(super) fn enqueue(&mut self, enqueue: &Enqueue) -> Result<OpReply, StorageError> {
@@ -253,7 +253,7 @@ impl PendingApply<'_> {
         head: u64,
         run_key: &[u8],
     ) -> Result<u64, StorageError> {
-        let first = keys::message_sequence(run_key).expect("run keys end with a sequence");
+        let first = run_first(run_key);
         let mut from = head;
         while from < first {
             let Some((nearest, _)) = self.run_from(queue, producer, from)? else {
@@ -266,9 +266,7 @@ impl PendingApply<'_> {
             if !touched.removed.all() {
                 return Ok(head);
             }
-            let nearest_first =
-                keys::message_sequence(&nearest).expect("run keys end with a sequence");
-            from = nearest_first + touched.run.len() as u64;
+            from = run_first(&nearest) + touched.run.len() as u64;
         }
         Ok(head.max(first))
     }

@@ -23,7 +23,7 @@ use super::AppliedEvent;
 
 mod touched_runs;
 
-pub(super) use touched_runs::{RunBytes, TouchedRun};
+pub(super) use touched_runs::{RunBytes, TouchedRun, run_first};
 
 /// Changes of one `apply` call, gathered before they are written as one
 /// change set. Reads go through [`PendingApply::get`], which sees this

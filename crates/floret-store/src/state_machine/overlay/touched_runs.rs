@@ -200,17 +200,15 @@ impl PendingApply<'_> {
         let first = run_first(run_key);
         let touched = self.runs.get_mut(run_key).expect("the run was touched");
         touched.removed.head_at(first, head);
-        if touched.removed.contains(index) {
-            return Ok(None);
+        match touched.removed.insert(index) {
+            Removal::Already => return Ok(None),
+            Removal::Marked => touched.marks_changed = true,
+            Removal::MovedHead => {}
         }
         let accounted_bytes = touched
             .run
             .accounted_len(index)
             .map_err(storage_error::read_state_machine)?;
-        match touched.removed.insert(index) {
-            Removal::Marked => touched.marks_changed = true,
-            Removal::MovedHead | Removal::Already => {}
-        }
         let head = touched
             .removed
             .head_index()
@@ -260,6 +258,6 @@ pub(in crate::state_machine) struct RemovedMessage {
 }
 
 /// The first sequence of the run stored at `run_key`.
-fn run_first(run_key: &[u8]) -> u64 {
+pub(in crate::state_machine) fn run_first(run_key: &[u8]) -> u64 {
     keys::message_sequence(run_key).expect("run keys end with a sequence")
 }
