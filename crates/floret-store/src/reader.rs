@@ -301,18 +301,13 @@ impl ShardReader {
         let Some(head) = self.producer(queue, producer)?.map(|record| record.head) else {
             return Ok(None);
         };
-        if sequence < head {
-            return Ok(None);
-        }
         let prefix = keys::message_prefix(queue, producer);
         let Some(found) = runs::last_at_or_before(&self.tree, &self.run_hints, &prefix, sequence)
             .map_err(storage_error::read_state_machine)?
         else {
             return Ok(None);
         };
-        let first = keys::message_sequence(&found.key).expect("run keys end with a sequence");
-        let index = (sequence - first) as usize;
-        runs::live_message(&self.tree, &found, index, head)
+        runs::live_message(&self.tree, &found, sequence, head)
             .map_err(storage_error::read_state_machine)?
             .map(|bytes| self.resolve(&bytes))
             .transpose()

@@ -238,20 +238,21 @@ impl<B: AsRef<[u8]>> Run<B> {
     }
 }
 
-/// Reads message `index` out of a `stored` run of a producer whose head is
-/// at `head`, unless it is removed: below the head, or marked (the held
-/// marks the lookup gave, else read from `tree`).
+/// Reads message `sequence` out of `stored`, the last run at or before it,
+/// of a producer whose head is at `head`, unless it is removed: below the
+/// head, or marked (the held marks the lookup gave, else read from `tree`).
 pub(crate) fn live_message<'r>(
     tree: &ShardTree,
     stored: &'r StoredRun,
-    index: usize,
+    sequence: u64,
     head: u64,
 ) -> Result<Option<Cow<'r, [u8]>>, RunStoreError> {
     let run = &stored.run;
     let first = keys::message_sequence(&stored.key).ok_or(RunError("a run key too short"))?;
-    if first + (index as u64) < head {
+    if sequence < head || sequence < first {
         return Ok(None);
     }
+    let index = (sequence - first) as usize;
     let Some(message) = run.message(index)? else {
         return Ok(None);
     };
