@@ -30,12 +30,10 @@ pub use shard_storage::ShardStorage;
 
 /// sled's page cache. sled holds the per-producer index, counters and
 /// removal marks, not payloads (they stay in the raft log), so a small
-/// cache holds the hot part of a large backlog. Since a producer's head
-/// run is held for its acks and acks at the head write no marks, the
-/// drain no longer leans on the cache: 8 MiB drained a 1,000,000-message
-/// backlog about as fast as 16 MiB and kept a 10,000,000-message backlog
-/// about 8 MiB smaller per node (BENCHMARKS, "A smaller sled cache").
-pub const DEFAULT_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+/// cache holds the hot part of a large backlog: a 1,000,000-message backlog
+/// drained at 25,400 msg/s with 16 MiB and 32,600 with 64 MiB, which cost
+/// 25 MiB more per node (BENCHMARKS, "scale").
+pub const DEFAULT_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Why a data dir cannot be opened.
 #[derive(Debug, thiserror::Error)]
