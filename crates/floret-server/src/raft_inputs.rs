@@ -8,6 +8,10 @@
 //! would allocate that much: a chunk must start at or before the bytes
 //! received so far of its snapshot (a resent chunk may repeat some), the
 //! first chunk of a snapshot at 0, and no snapshot may grow past its cap.
+//! An append's entries must follow its `prev_log_id` one by one: openraft
+//! checks that only in debug builds, and a follower that took entries past
+//! a gap would keep a log with a hole it cannot apply across (a leader
+//! built such an append once, after a purge raced its replication).
 //! The chunks of a snapshot are kept as they arrive, and the whole image
 //! is checked (checksum, every pair) before its last chunk is handed to
 //! openraft: openraft's install of a bad image would stop the shard's
@@ -40,6 +44,16 @@ pub enum RaftInputError {
     TermTooHigh {
         /// The term named.
         term: u64,
+    },
+    /// An append whose entries do not follow its `prev_log_id` one by one.
+    #[error(
+        "append entry {index} does not follow the one before it (the next index is {expected})"
+    )]
+    EntriesNotConsecutive {
+        /// The entry out of place.
+        index: u64,
+        /// The index it should have had.
+        expected: u64,
     },
     /// A snapshot chunk that does not follow what was received.
     #[error(
@@ -96,15 +110,22 @@ pub fn check_vote_request(request: &VoteRequest<NodeId>) -> Result<(), RaftInput
     check_log_id(request.last_log_id.as_ref())
 }
 
-/// An append's terms: its vote's, and every log id it names.
+/// An append's terms (its vote's, and every log id it names) and that its
+/// entries follow its `prev_log_id` one by one.
 pub fn check_append(request: &AppendEntriesRequest<TypeConfig>) -> Result<(), RaftInputError> {
     check_vote(&request.vote)?;
     check_log_id(request.prev_log_id.as_ref())?;
     check_log_id(request.leader_commit.as_ref())?;
-    request
-        .entries
-        .iter()
-        .try_for_each(|entry| check_term(entry.log_id.leader_id.term))
+    let mut expected = request.prev_log_id.map_or(0, |prev| prev.index + 1);
+    request.entries.iter().try_for_each(|entry| {
+        check_term(entry.log_id.leader_id.term)?;
+        let index = entry.log_id.index;
+        if index != expected {
+            return Err(RaftInputError::EntriesNotConsecutive { index, expected });
+        }
+        expected = index + 1;
+        Ok(())
+    })
 }
 
 /// What each shard has received of the snapshot it is being sent.
@@ -264,6 +285,35 @@ mod tests {
         assert_eq!(check_append(&append(fine, fine)), Ok(()));
         assert!(check_append(&append(forged, fine)).is_err());
         assert!(check_append(&append(fine, forged)).is_err());
+    }
+
+    #[test]
+    fn append_whose_entries_skip_past_its_prev_log_id_would_leave_a_hole() {
+        let at = |index| LogId::new(CommittedLeaderId::new(5, 3), index);
+        let append = |prev: Option<u64>, indexes: &[u64]| AppendEntriesRequest::<TypeConfig> {
+            vote: vote(5),
+            prev_log_id: prev.map(at),
+            entries: indexes
+                .iter()
+                .map(|&index| openraft::Entry {
+                    log_id: at(index),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: None,
+        };
+        assert_eq!(check_append(&append(Some(4268), &[4269, 4270])), Ok(()));
+        assert_eq!(check_append(&append(None, &[0, 1])), Ok(()));
+        assert_eq!(check_append(&append(Some(9), &[])), Ok(()));
+        assert_eq!(
+            check_append(&append(Some(4268), &[4400, 4401])),
+            Err(RaftInputError::EntriesNotConsecutive {
+                index: 4400,
+                expected: 4269
+            })
+        );
+        assert!(check_append(&append(Some(1), &[2, 4])).is_err());
+        assert!(check_append(&append(None, &[3])).is_err());
     }
 
     #[test]

@@ -53,6 +53,33 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .map_err(storage_error::read_logs)?;
         encoded.into_iter().map(decode_entry).collect()
     }
+
+    /// What replication sends: the entries from `start` on, or none when
+    /// `start` is purged or hidden by a purge. openraft's contract lets
+    /// [`Self::try_get_log_entries`] skip those and return the entries after
+    /// them, but replication sends what this returns as the entries that
+    /// follow `start - 1`: a purge that raced a follower's replication once
+    /// gave that follower a log with a hole. openraft takes an empty answer
+    /// as a heartbeat, and its next try sends the follower a snapshot.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<openraft::Entry<TypeConfig>>, StorageError> {
+        let entries = self.try_get_log_entries(start..end).await?;
+        match entries.first() {
+            Some(first) if first.log_id.index != start => {
+                tracing::warn!(
+                    shard = self.shard,
+                    start,
+                    first = first.log_id.index,
+                    "not replicating entries that do not start where asked (a purge took the start)"
+                );
+                Ok(Vec::new())
+            }
+            _ => Ok(entries),
+        }
+    }
 }
 
 /// The entry as the log stores it: without its payloads, which go raw after it.
@@ -164,5 +191,52 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .purge_and_wait(self.shard, log_id)
             .await
             .map_err(storage_error::write_logs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::storage::RaftLogStorage;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader};
+
+    use crate::Database;
+    use crate::log_store::encode_entry;
+    use crate::types::LogId;
+
+    #[tokio::test]
+    async fn replication_never_reads_the_entries_after_a_purge_as_following_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = Database::open(dir.path()).unwrap();
+        let entries = (0..10)
+            .map(|index| {
+                let entry = Entry {
+                    log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+                    payload: EntryPayload::Blank,
+                };
+                (entry.log_id, encode_entry(entry))
+            })
+            .collect();
+        database.wal().append(0, entries).unwrap();
+        let mut store = database.log_store(0);
+        store
+            .purge(LogId::new(CommittedLeaderId::new(1, 1), 5))
+            .await
+            .unwrap();
+
+        assert!(
+            store
+                .limited_get_log_entries(3, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let from_six = store.limited_get_log_entries(6, 10).await.unwrap();
+        let indexes: Vec<u64> = from_six.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(indexes, vec![6, 7, 8, 9]);
+        assert_eq!(
+            store.try_get_log_entries(3..10).await.unwrap().len(),
+            4,
+            "openraft's contract for other reads: what is left of the range"
+        );
     }
 }

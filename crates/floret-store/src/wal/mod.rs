@@ -33,7 +33,8 @@
 //! a segment at open, torn write or corruption), `reading.rs` (entries and
 //! payloads read back), `retention.rs` (purges and which segments go),
 //! `pins.rs` (segments that stored messages point into), `forgetting.rs`
-//! (a retired replica's shard dropped from the log), `tests.rs`.
+//! (a retired replica's shard dropped from the log), `holes.rs` (appends
+//! that would leave a hole, refused), `tests.rs`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -52,6 +53,7 @@ use openraft::Vote;
 use crate::types::{LogId, NodeId, ShardId};
 
 mod forgetting;
+mod holes;
 mod pins;
 mod reading;
 mod recovery;
@@ -59,6 +61,7 @@ mod retention;
 mod segment;
 
 use forgetting::Forgotten;
+use holes::hole_in_append;
 use pins::Pins;
 pub use pins::{PinCapture, SegmentRuns};
 use recovery::replay_segment;
@@ -251,9 +254,15 @@ impl Wal {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Appends encoded entries of `shard` (visible to reads at once, durable after [`Wal::sync`]).
+    /// Appends encoded entries of `shard` (visible to reads at once, durable
+    /// after [`Wal::sync`]), refusing entries that would leave a hole: openraft
+    /// would fail on it at its next apply, after telling the leader they were stored.
     pub fn append(&self, shard: ShardId, entries: Vec<(LogId, EncodedEntry)>) -> io::Result<()> {
         let mut state = self.lock();
+        if let Some(hole) = hole_in_append(shard, state.shards.get(&shard), &entries) {
+            tracing::error!(%hole, "refusing a raft log append");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, hole));
+        }
         let mut buffer = Vec::new();
         let mut locations = Vec::with_capacity(entries.len());
         let segment = state.active.id;

@@ -360,3 +360,36 @@ fn failed_rotation_or_purge_sync_lets_the_log_go_on() {
         "an append after a failed sync"
     );
 }
+
+#[test]
+fn append_that_would_leave_a_hole_in_the_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path()).unwrap();
+    append(&wal, 0, 1..5);
+    let entry = || EncodedEntry {
+        meta: vec![0; 10],
+        payloads: Vec::new(),
+    };
+
+    let error = wal.append(0, vec![(log_id(7), entry())]).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("entry 7 where the next entry is 5"),
+        "{error}"
+    );
+    let error = wal
+        .append(0, vec![(log_id(5), entry()), (log_id(7), entry())])
+        .unwrap_err();
+    assert!(error.to_string().contains("hole"), "{error}");
+    assert_eq!(wal.log_state(0), (None, Some(log_id(4))), "nothing written");
+
+    append(&wal, 0, 3..6);
+    wal.hide_purged(0, log_id(9));
+    append(&wal, 0, 10..12);
+    assert_eq!(wal.log_state(0), (Some(log_id(9)), Some(log_id(11))));
+    assert!(
+        wal.failure().is_none(),
+        "a refused append does not stop the log"
+    );
+}
