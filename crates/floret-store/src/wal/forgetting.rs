@@ -47,7 +47,7 @@ pub(super) fn forget_before(
     before: FramePosition,
 ) {
     if let Some(log) = shards.get_mut(&shard) {
-        log.entries.retain(|_, location| {
+        log.entries.retain(|location| {
             FramePosition {
                 segment: location.segment,
                 offset: location.offset,

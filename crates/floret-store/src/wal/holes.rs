@@ -9,7 +9,7 @@ impl ShardLog {
     /// or the last purged one, whichever is later; `None` while the log has
     /// neither.
     pub(super) fn furthest_next_index(&self) -> Option<u64> {
-        let last_entry = self.entries.keys().next_back().copied();
+        let last_entry = self.entries.last_index();
         let last_purged = self.purged().map(|purged| purged.index);
         last_entry.max(last_purged).map(|index| index + 1)
     }

@@ -34,7 +34,8 @@
 //! payloads read back), `retention.rs` (purges and which segments go),
 //! `pins.rs` (segments that stored messages point into), `forgetting.rs`
 //! (a retired replica's shard dropped from the log), `holes.rs` (appends
-//! that would leave a hole, refused), `tests.rs`.
+//! that would leave a hole, refused), `index.rs` (where each live entry
+//! is), `tests.rs`.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - A segment is read whole into memory during recovery (64 MiB at most).
@@ -54,6 +55,7 @@ use crate::types::{LogId, NodeId, ShardId};
 
 mod forgetting;
 mod holes;
+mod index;
 mod pins;
 mod reading;
 mod recovery;
@@ -62,6 +64,7 @@ mod segment;
 
 use forgetting::Forgotten;
 use holes::hole_in_append;
+use index::{EntryIndex, Location};
 use pins::Pins;
 pub use pins::{PinCapture, SegmentRuns};
 use recovery::replay_segment;
@@ -79,17 +82,6 @@ pub const MAX_FRAME_BYTES: usize = SEGMENT_BYTES as usize;
 /// A shard with at most this many bytes of live entries in sealed segments
 /// has them copied forward rather than keep those segments.
 const CARRY_FORWARD_BYTES: u64 = 1024 * 1024;
-
-/// Where one entry's frame is.
-#[derive(Debug, Clone, Copy)]
-struct Location {
-    segment: u64,
-    offset: u64,
-    len: u32,
-    /// Where the payloads start, from the frame's start.
-    payloads_at: u32,
-    log_id: LogId,
-}
 
 /// One raft entry as the log stores it: the entry encoded without its
 /// payloads, and the payloads in the order the entry lists them.
@@ -113,7 +105,7 @@ pub struct PayloadSection {
 /// What the log knows of one shard.
 #[derive(Debug, Default)]
 struct ShardLog {
-    entries: BTreeMap<u64, Location>,
+    entries: EntryIndex,
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId>,
     /// The last entry the log has dropped for good.
@@ -269,21 +261,22 @@ impl Wal {
         for (log_id, entry) in entries {
             let offset = state.active.len + buffer.len() as u64;
             let (bytes, payloads_at) = entry_frame(shard, log_id, entry);
-            locations.push(Location {
-                segment,
-                offset,
-                len: bytes.len() as u32,
-                payloads_at,
+            locations.push((
                 log_id,
-            });
+                Location {
+                    segment,
+                    offset,
+                    len: bytes.len() as u32,
+                    payloads_at,
+                },
+            ));
             buffer.extend_from_slice(&bytes);
         }
         state.write(&buffer)?;
         crate::failpoints::crash_if_fires("wal-after-append");
         let log = state.shards.entry(shard).or_default();
-        for location in locations {
-            let _conflicting = log.entries.split_off(&location.log_id.index);
-            log.entries.insert(location.log_id.index, location);
+        for (log_id, location) in locations {
+            log.entries.insert(log_id, location);
         }
         self.maybe_rotate(&mut state)
     }
@@ -308,12 +301,12 @@ impl Wal {
     pub fn truncate(&self, shard: ShardId, since: u64) -> io::Result<()> {
         let mut state = self.lock();
         state.write(&frame(&Record::Truncate { shard, since }))?;
-        let _removed = state
+        state
             .shards
             .entry(shard)
             .or_default()
             .entries
-            .split_off(&since);
+            .truncate(since);
         self.maybe_rotate(&mut state)
     }
 
@@ -326,9 +319,8 @@ impl Wal {
         let purged = log.purged();
         let last = log
             .entries
-            .values()
-            .next_back()
-            .map(|l| l.log_id)
+            .last_index()
+            .and_then(|index| log.entries.log_id(index))
             .filter(|last| log.is_visible(last.index))
             .or(purged);
         (purged, last)

@@ -26,8 +26,8 @@ impl Wal {
             let locations: Vec<Location> = log
                 .entries
                 .range(range)
-                .filter(|(index, _)| log.is_visible(**index))
-                .map(|(_, l)| *l)
+                .filter(|&(index, _)| log.is_visible(index))
+                .map(|(_, location)| location)
                 .collect();
             let files: HashMap<u64, Arc<File>> = locations
                 .iter()
@@ -77,10 +77,12 @@ impl Wal {
     /// segment stays until the shard's next [`Wal::set_pins`].
     pub fn payload_section(&self, shard: ShardId, log_id: LogId) -> Option<PayloadSection> {
         let mut state = self.lock();
-        let location = *state.shards.get(&shard)?.entries.get(&log_id.index)?;
+        let entries = &state.shards.get(&shard)?.entries;
+        let location = entries.get(log_id.index)?;
+        let same_entry = entries.log_id(log_id.index) == Some(log_id);
         let durable = location.segment != state.active.id
             || location.offset + u64::from(location.len) <= state.synced_len;
-        if location.log_id != log_id || !durable {
+        if !same_entry || !durable {
             return None;
         }
         state.pins.in_apply(shard, location.segment);

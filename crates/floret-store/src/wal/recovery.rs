@@ -78,15 +78,13 @@ pub(super) fn replay_segment(
                     );
                 }
                 let log = shards.entry(shard).or_default();
-                let _conflicting = log.entries.split_off(&log_id.index);
                 log.entries.insert(
-                    log_id.index,
+                    log_id,
                     Location {
                         segment: id,
                         offset: offset as u64,
                         len: frame_len,
                         payloads_at: (FRAME_HEADER + len - payloads.len()) as u32,
-                        log_id,
                     },
                 );
             }
@@ -95,11 +93,11 @@ pub(super) fn replay_segment(
                 shards.entry(shard).or_default().committed = committed
             }
             Record::Truncate { shard, since } => {
-                let _removed = shards.entry(shard).or_default().entries.split_off(&since);
+                shards.entry(shard).or_default().entries.truncate(since);
             }
             Record::Purge { shard, upto } => {
                 let log = shards.entry(shard).or_default();
-                log.entries = log.entries.split_off(&(upto.index + 1));
+                log.entries.purge(upto.index);
                 log.last_purged = Some(upto);
             }
             Record::Forget { shard, before } => forget_before(shards, forgotten, shard, before),

@@ -18,7 +18,7 @@ impl Wal {
         self.lock()
             .shards
             .get(&shard)
-            .is_some_and(|log| log.entries.range(index + 1..).next().is_some())
+            .is_some_and(|log| log.entries.holds_after(index))
     }
 
     /// Hides `shard`'s entries up to `upto` at once, as openraft expects of
@@ -35,13 +35,13 @@ impl Wal {
         let mut state = self.lock();
         state.write(&frame(&Record::Purge { shard, upto }))?;
         let log = state.shards.entry(shard).or_default();
-        log.entries = log.entries.split_off(&(upto.index + 1));
+        log.entries.purge(upto.index);
         log.last_purged = Some(upto);
         Self::carry_forward_small_shards(&mut state)?;
         let oldest_needed = state
             .shards
             .values()
-            .filter_map(|log| log.entries.values().next().map(|l| l.segment))
+            .filter_map(|log| log.entries.first().map(|l| l.segment))
             .min()
             .unwrap_or(state.active.id);
         let obsolete: Vec<u64> = state
@@ -84,35 +84,40 @@ impl Wal {
             .shards
             .iter()
             .filter(|(_, log)| {
-                log.entries
-                    .values()
-                    .next()
-                    .is_some_and(|l| l.segment < active)
-                    && log.entries.values().map(|l| u64::from(l.len)).sum::<u64>()
+                log.entries.first().is_some_and(|l| l.segment < active)
+                    && log
+                        .entries
+                        .locations()
+                        .map(|(_, l)| u64::from(l.len))
+                        .sum::<u64>()
                         <= CARRY_FORWARD_BYTES
             })
             .map(|(&shard, _)| shard)
             .collect();
         for shard in small {
-            let locations: Vec<Location> = state.shards[&shard].entries.values().copied().collect();
+            let locations: Vec<(u64, Location)> =
+                state.shards[&shard].entries.locations().collect();
             let mut buffer = Vec::new();
             let mut moved = Vec::with_capacity(locations.len());
-            for location in locations {
+            for (index, location) in locations {
                 let mut bytes = vec![0; location.len as usize];
                 state
                     .file_of_live_entry(location.segment)
                     .read_exact_at(&mut bytes, location.offset)?;
-                moved.push(Location {
-                    segment: active,
-                    offset: state.active.len + buffer.len() as u64,
-                    ..location
-                });
+                moved.push((
+                    index,
+                    Location {
+                        segment: active,
+                        offset: state.active.len + buffer.len() as u64,
+                        ..location
+                    },
+                ));
                 buffer.extend_from_slice(&bytes);
             }
             state.write(&buffer)?;
             let log = state.shards.get_mut(&shard).expect("listed above");
-            for location in moved {
-                log.entries.insert(location.log_id.index, location);
+            for (index, location) in moved {
+                log.entries.relocate(index, location);
             }
         }
         Ok(())
