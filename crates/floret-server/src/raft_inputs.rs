@@ -10,8 +10,8 @@
 //! first chunk of a snapshot at 0, and no snapshot may grow past its cap.
 //! An append's entries must follow its `prev_log_id` one by one: openraft
 //! checks that only in debug builds, and a follower that took entries past
-//! a gap would keep a log with a hole it cannot apply across (a soak once
-//! left a follower so, most likely from a purge racing its replication).
+//! a gap would keep a log with a hole it cannot apply across (a soak left
+//! a follower so, after a leader's purge raced its replication).
 //! The chunks of a snapshot are kept as they arrive, and the whole image
 //! is checked (checksum, every pair) before its last chunk is handed to
 //! openraft: openraft's install of a bad image would stop the shard's

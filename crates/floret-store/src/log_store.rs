@@ -58,8 +58,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// `start` is purged or hidden by a purge. openraft's contract lets
     /// [`Self::try_get_log_entries`] skip those and return the entries after
     /// them, but replication sends what this returns as the entries that
-    /// follow `start - 1`, so a purge racing a follower's replication can
-    /// give that follower a log with a hole. openraft takes an empty answer
+    /// follow `start - 1`, so a purge racing a follower's replication gave
+    /// that follower a log with a hole (seen after rolling restarts). openraft takes an empty answer
     /// as a heartbeat, and its next try sends the follower a snapshot.
     async fn limited_get_log_entries(
         &mut self,
