@@ -23,24 +23,20 @@ pub(super) fn hole_in_append(
     log: Option<&ShardLog>,
     entries: &[(LogId, EncodedEntry)],
 ) -> Option<String> {
-    let mut furthest = log.and_then(ShardLog::furthest_next_index);
-    let mut follows_previous = false;
-    for (log_id, _) in entries {
-        let index = log_id.index;
-        if let Some(next) = furthest {
-            let fits = if follows_previous {
-                index == next
-            } else {
-                index <= next
-            };
-            if !fits {
-                return Some(format!(
-                    "shard {shard}: appending entry {index} where the next entry is {next} would leave a hole in the raft log"
-                ));
-            }
-        }
-        furthest = Some(index + 1);
-        follows_previous = true;
+    let hole = |index: u64, next: u64| {
+        format!(
+            "shard {shard}: appending entry {index} where the next entry is {next} would leave a hole in the raft log"
+        )
+    };
+    let first = entries.first()?.0.index;
+    if let Some(next) = log.and_then(ShardLog::furthest_next_index)
+        && first > next
+    {
+        return Some(hole(first, next));
     }
-    None
+    entries
+        .windows(2)
+        .map(|pair| (pair[1].0.index, pair[0].0.index + 1))
+        .find(|(index, next)| index != next)
+        .map(|(index, next)| hole(index, next))
 }
