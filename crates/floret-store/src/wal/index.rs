@@ -101,6 +101,18 @@ impl EntryIndex {
         self.locations.get(&index).copied()
     }
 
+    /// Where entry `log_id` is, if the index holds that very entry (not
+    /// another leader's at the same index).
+    pub(super) fn location_of(&self, log_id: LogId) -> Option<Location> {
+        let location = self.get(log_id.index)?;
+        (self.leader_at(log_id.index) == Some(log_id.leader_id)).then_some(location)
+    }
+
+    /// The last entry's log id.
+    pub(super) fn last_log_id(&self) -> Option<LogId> {
+        self.log_id(self.last_index()?)
+    }
+
     /// The last entry's index.
     pub(super) fn last_index(&self) -> Option<u64> {
         self.locations.keys().next_back().copied()
@@ -200,6 +212,16 @@ mod tests {
         assert!(index.leaders.is_empty());
         fill(&mut index, 4, 9..10);
         assert_eq!(index.log_id(9), Some(at(4, 9)));
+    }
+
+    #[test]
+    fn location_of_another_leaders_entry_at_the_index_is_none() {
+        let mut index = EntryIndex::default();
+        fill(&mut index, 1, 1..3);
+        assert_eq!(index.location_of(at(1, 2)), Some(location(200)));
+        assert_eq!(index.location_of(at(2, 2)), None);
+        assert_eq!(index.location_of(at(1, 3)), None);
+        assert_eq!(index.last_log_id(), Some(at(1, 2)));
     }
 
     #[test]

@@ -319,8 +319,7 @@ impl Wal {
         let purged = log.purged();
         let last = log
             .entries
-            .last_index()
-            .and_then(|index| log.entries.log_id(index))
+            .last_log_id()
             .filter(|last| log.is_visible(last.index))
             .or(purged);
         (purged, last)

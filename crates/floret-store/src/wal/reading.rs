@@ -77,12 +77,10 @@ impl Wal {
     /// segment stays until the shard's next [`Wal::set_pins`].
     pub fn payload_section(&self, shard: ShardId, log_id: LogId) -> Option<PayloadSection> {
         let mut state = self.lock();
-        let entries = &state.shards.get(&shard)?.entries;
-        let location = entries.get(log_id.index)?;
-        let same_entry = entries.log_id(log_id.index) == Some(log_id);
+        let location = state.shards.get(&shard)?.entries.location_of(log_id)?;
         let durable = location.segment != state.active.id
             || location.offset + u64::from(location.len) <= state.synced_len;
-        if !same_entry || !durable {
+        if !durable {
             return None;
         }
         state.pins.in_apply(shard, location.segment);
