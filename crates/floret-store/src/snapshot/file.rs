@@ -81,9 +81,26 @@ impl SnapshotFile {
         Ok(())
     }
 
+    /// The current snapshot's metadata, if one was saved, without reading
+    /// its image.
+    pub fn meta(&self) -> io::Result<Option<SnapshotMeta>> {
+        Ok(self.open_at_image()?.map(|(meta, _, _)| meta))
+    }
+
     /// The current snapshot, if one was saved. The header is read first, so
     /// the image is read once into a buffer of its own size.
     pub fn load(&self) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
+        let Some((meta, mut file, image_len)) = self.open_at_image()? else {
+            return Ok(None);
+        };
+        let mut data = Vec::with_capacity(usize::try_from(image_len).unwrap_or(0));
+        file.read_to_end(&mut data)?;
+        Ok(Some((meta, data)))
+    }
+
+    /// The snapshot's metadata and its file, read up to where the image
+    /// starts, with the image's length; None if no snapshot was saved.
+    fn open_at_image(&self) -> io::Result<Option<(SnapshotMeta, File, u64)>> {
         let mut file = match File::open(&self.path) {
             Ok(file) => file,
             Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -108,9 +125,7 @@ impl SnapshotFile {
         file.read_exact(&mut header)?;
         let header: SnapshotHeader =
             decode("snapshot header", &header).map_err(|error| damaged(&error))?;
-        let mut data = Vec::with_capacity(usize::try_from(image_len).unwrap_or(0));
-        file.read_to_end(&mut data)?;
-        Ok(Some((header.meta, data)))
+        Ok(Some((header.meta, file, image_len)))
     }
 }
 
@@ -126,7 +141,8 @@ mod tests {
         let data = vec![7u8; 70_000];
         let meta = SnapshotMeta::default();
         file.save(&meta, &data).unwrap();
-        assert_eq!(file.load().unwrap().unwrap(), (meta, data));
+        assert_eq!(file.load().unwrap().unwrap(), (meta.clone(), data));
+        assert_eq!(file.meta().unwrap(), Some(meta));
         assert!(!dir.path().join("shard-3.snap.tmp").exists());
         file.delete().unwrap();
         assert!(file.load().unwrap().is_none());

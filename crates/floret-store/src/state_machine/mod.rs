@@ -26,7 +26,9 @@
 //! IMPLEMENTATION CAVEATS
 //! - `apply` does not flush, and writes to sled only every so many bytes
 //!   of changes: after a crash openraft re-applies from the last applied
-//!   id sled holds up to the committed one it saved in the log store.
+//!   id sled holds up to the committed one it saved in the log store. A
+//!   shard whose own snapshot is ahead of what sled holds loads that
+//!   snapshot first, when it opens.
 //! - A producer whose idle counters were forgotten starts again at sequence
 //!   0 and its last idempotency sequence is gone: retries are deduplicated
 //!   only within the idle time.
@@ -148,13 +150,48 @@ impl StateMachine {
         snapshot_dir: &Path,
         events: Option<AppliedListener>,
     ) -> Result<Self, sled::Error> {
-        let reader = ShardReader::new(tree, log).map_err(|error| {
+        let invalid_data = |error: StorageError| {
             sled::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 error.to_string(),
             ))
-        })?;
-        Ok(Self::with_reader(reader, shard, snapshot_dir, events))
+        };
+        let reader = ShardReader::new(tree, log).map_err(invalid_data)?;
+        let state_machine = Self::with_reader(reader, shard, snapshot_dir, events);
+        state_machine
+            .catch_up_with_own_snapshot()
+            .map_err(invalid_data)?;
+        Ok(state_machine)
+    }
+
+    /// Loads the shard's own snapshot into its tree when the snapshot is
+    /// ahead of what the tree kept. A snapshot is synced as it is built, but
+    /// applied changes reach sled's disk only at write-outs, and the log's
+    /// committed mark only with the log's next sync: a crash can leave both
+    /// behind the snapshot. openraft would then start with a snapshot past
+    /// its committed index (which its debug builds refuse) and re-apply
+    /// only up to that index, from a log that may have lost the entries
+    /// between. A snapshot holds only committed entries, so the shard
+    /// resumes from it.
+    fn catch_up_with_own_snapshot(&self) -> Result<(), StorageError> {
+        let unreadable = |error: std::io::Error| storage_error::read_snapshot(None, &error);
+        let Some(snapshot) = self.snapshot_file.meta().map_err(unreadable)? else {
+            return Ok(());
+        };
+        let applied = self.reader.applied_state()?.last_applied;
+        if snapshot.last_log_id <= applied {
+            return Ok(());
+        }
+        let Some((meta, data)) = self.snapshot_file.load().map_err(unreadable)? else {
+            return Ok(());
+        };
+        tracing::warn!(
+            shard = self.shard,
+            snapshot = ?meta.last_log_id,
+            applied = ?applied,
+            "the state machine lost applies its own snapshot holds; loading the snapshot"
+        );
+        replace_tree_with_image(self.shard, &self.reader, &meta, &data)
     }
 
     /// The state machine of `shard` over an existing `reader` of its tree
@@ -333,27 +370,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta.clone(),
         );
         off_the_runtime(move || {
-            let mut image = TreeImage::from_bytes(&data)
-                .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
-            image.drop_node_local_keys();
-            image.validate().map_err(|e| {
-                storage_error::read_snapshot(signature.clone(), &std::io::Error::other(e))
-            })?;
-            let applied = encode(&AppliedState {
-                last_applied: meta.last_log_id,
-                membership: meta.last_membership.clone(),
-            });
-            reader
-                .tree()
-                .replace_all(
-                    image
-                        .pairs
-                        .into_iter()
-                        .chain([(keys::APPLIED.to_vec(), applied)]),
-                )
-                .map_err(storage_error::write_state_machine)?;
-            reader.log().set_pins(shard, SegmentRuns::new());
-            reader.reload()?;
+            replace_tree_with_image(shard, &reader, &meta, &data)?;
             file.save(&meta, &data)
                 .map_err(|e| storage_error::write_snapshot(signature, &e))
         })
@@ -382,6 +399,39 @@ fn expected_image_bytes(reader: &ShardReader) -> usize {
     let totals = reader.totals();
     let bytes = totals.bytes() + 8 * totals.messages() + 256 * totals.producers() + (1 << 20);
     usize::try_from(bytes).unwrap_or(usize::MAX)
+}
+
+/// Makes `shard`'s tree the snapshot image `data` with the applied state
+/// `meta` names: an install from the leader, or a node catching up with its
+/// own snapshot at start.
+fn replace_tree_with_image(
+    shard: ShardId,
+    reader: &ShardReader,
+    meta: &SnapshotMeta,
+    data: &[u8],
+) -> Result<(), StorageError> {
+    let signature = Some(meta.signature());
+    let mut image = TreeImage::from_bytes(data)
+        .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
+    image.drop_node_local_keys();
+    image
+        .validate()
+        .map_err(|e| storage_error::read_snapshot(signature, &std::io::Error::other(e)))?;
+    let applied = encode(&AppliedState {
+        last_applied: meta.last_log_id,
+        membership: meta.last_membership.clone(),
+    });
+    reader
+        .tree()
+        .replace_all(
+            image
+                .pairs
+                .into_iter()
+                .chain([(keys::APPLIED.to_vec(), applied)]),
+        )
+        .map_err(storage_error::write_state_machine)?;
+    reader.log().set_pins(shard, SegmentRuns::new());
+    reader.reload()
 }
 
 /// Builds a snapshot from the tree image taken when openraft asked for the

@@ -289,6 +289,36 @@ async fn applies_a_crash_kept_from_sled_are_applied_again_once() {
 }
 
 #[tokio::test]
+async fn node_whose_tree_lost_applies_its_snapshot_holds_starts_behind_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (expected, snapshot_at) = {
+        let database = Database::open(dir.path()).unwrap();
+        append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
+        append_and_apply(&database, enqueue(2, "a", &[payload(2)]), true).await;
+        let mut state_machine = database.state_machine(SHARD, None).unwrap();
+        let snapshot = state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let digest = state_machine.reader().digest().unwrap();
+        (digest, snapshot.meta.last_log_id)
+    };
+    assert_eq!(snapshot_at, Some(log_id(2)));
+    let database = Database::open(dir.path()).unwrap();
+    let mut state_machine = database.state_machine(SHARD, None).unwrap();
+    let (applied, _) = state_machine.applied_state().await.unwrap();
+    assert_eq!(
+        applied, snapshot_at,
+        "the tree lost the applies its snapshot holds, and openraft would start behind the snapshot"
+    );
+    let reader = state_machine.reader();
+    assert_eq!(reader.digest().unwrap(), expected);
+    assert_eq!(reader.producer("q", "a").unwrap().unwrap().messages, 2);
+}
+
+#[tokio::test]
 async fn sync_writes_applied_changes_to_sled_before_the_log_is_purged() {
     let dir = tempfile::tempdir().unwrap();
     {
