@@ -42,16 +42,6 @@ pub struct ProducerView {
     pub deficit: u32,
 }
 
-/// One leased message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Lease {
-    /// The attempt that was leased.
-    attempt: u32,
-    /// Its settle is under way elsewhere (an ack being made durable): the
-    /// lease does not expire, and ends with an ack or a nack.
-    settling: bool,
-}
-
 /// State of one producer with something ready or leased.
 #[derive(Debug, Clone)]
 pub(crate) struct ProducerSlot<K> {
@@ -62,8 +52,8 @@ pub(crate) struct ProducerSlot<K> {
     /// Handed-back messages (sequence -> attempt of their next delivery); they
     /// go before `undelivered`, lowest sequence first.
     redeliveries: BTreeMap<u64, u32>,
-    /// Leased messages by sequence; deadlines live in the lease heap.
-    leases: HashMap<u64, Lease>,
+    /// Leased messages (sequence -> attempt); deadlines live in the lease heap.
+    leases: HashMap<u64, u32>,
     /// Messages held back until their time comes (sequence -> attempt of
     /// their next delivery); neither ready nor leased. A B-tree map because
     /// it is usually empty, and an empty one is half the size of a hash map
@@ -161,13 +151,7 @@ impl<K> ProducerSlot<K> {
             Some(redelivery) => redelivery,
             None => (self.undelivered.pop()?, 1),
         };
-        self.leases.insert(
-            sequence,
-            Lease {
-                attempt,
-                settling: false,
-            },
-        );
+        self.leases.insert(sequence, attempt);
         Some((sequence, attempt))
     }
 
@@ -189,29 +173,7 @@ impl<K> ProducerSlot<K> {
 
     /// Whether `(sequence, attempt)` is leased right now.
     pub(crate) fn holds_lease(&self, sequence: u64, attempt: u32) -> bool {
-        self.leases
-            .get(&sequence)
-            .is_some_and(|lease| lease.attempt == attempt)
-    }
-
-    /// Whether `(sequence, attempt)` is leased and may expire: no settle of
-    /// it is under way.
-    pub(crate) fn lease_may_expire(&self, sequence: u64, attempt: u32) -> bool {
-        self.leases
-            .get(&sequence)
-            .is_some_and(|lease| lease.attempt == attempt && !lease.settling)
-    }
-
-    /// Marks the live lease `(sequence, attempt)` as being settled: it no
-    /// longer expires.
-    pub(crate) fn mark_settling(&mut self, sequence: u64, attempt: u32) -> Result<(), SettleError> {
-        match self.leases.get_mut(&sequence) {
-            Some(lease) if lease.attempt == attempt => {
-                lease.settling = true;
-                Ok(())
-            }
-            _ => Err(SettleError::NotLeased),
-        }
+        self.leases.get(&sequence) == Some(&attempt)
     }
 
     /// Deliverable messages.

@@ -11,11 +11,9 @@
 //! acked messages are then removed (dead-lettered ones moved aside)
 //! through raft, one `Remove` per shard (the proposer folds concurrent acks
 //! into shared entries), and only once that commits does the lease end and
-//! the ack get OK, so an acked message is never delivered again. Meanwhile
-//! the lease does not lapse, however slow the commit. If the removal cannot
-//! commit, or the caller goes away before it has, the ack is answered
-//! UNAVAILABLE (if anyone still listens) and the message is delivered again
-//! at once.
+//! the ack get OK, so an acked message is never delivered again. If the
+//! removal cannot commit, the ack is answered UNAVAILABLE and the lease is
+//! left to lapse, so the message comes back.
 //!
 //! IMPLEMENTATION CAVEATS
 //! - The leader is this node's view of the shard's raft group; right after a
@@ -146,10 +144,7 @@ impl Settler {
             count_nacks(&outcomes);
         }
         let mut removals: BTreeMap<ShardId, (Vec<_>, Vec<usize>)> = BTreeMap::new();
-        let mut acked = RemovalsUnderWay {
-            dispatcher: self.dispatcher.clone(),
-            ids: vec![None; outcomes.len()],
-        };
+        let mut acked: Vec<Option<DeliveryId>> = vec![None; outcomes.len()];
         for (index, outcome) in outcomes.iter_mut().enumerate() {
             if let Some(id) = outcome.removal.take() {
                 let (messages, indexes) = removals.entry(id.shard).or_default();
@@ -159,10 +154,10 @@ impl Settler {
                     sequence: id.sequence,
                 });
                 indexes.push(index);
-                acked.ids[index] = Some(id);
+                acked[index] = Some(id);
             }
         }
-        let settled_ids = &acked.ids;
+        let settled_ids = &acked;
         let committed = futures::future::join_all(removals.into_iter().map(
             |(shard, (messages, indexes))| async move {
                 let op = match kind {
@@ -200,7 +195,7 @@ impl Settler {
                         metrics::histogram!("floret_ack_seconds")
                             .record(received.elapsed().as_secs_f64());
                     }
-                    removed.extend(indexes.into_iter().filter_map(|i| acked.ids[i].take()));
+                    removed.extend(indexes.into_iter().filter_map(|i| acked[i].take()));
                 }
                 Err(error) => {
                     for index in indexes {
@@ -262,25 +257,6 @@ impl Settler {
     }
 }
 
-/// Acks the dispatcher accepted, by outcome index, whose removals are being
-/// committed: their leases do not lapse meanwhile. Those still here when
-/// this is dropped (their removal failed, or the settle's caller went away
-/// and dropped its future) are reported abandoned, so their messages are
-/// delivered again instead of staying leased for good.
-struct RemovalsUnderWay {
-    dispatcher: DispatcherHandle,
-    ids: Vec<Option<DeliveryId>>,
-}
-
-impl Drop for RemovalsUnderWay {
-    fn drop(&mut self) {
-        let abandoned: Vec<DeliveryId> = self.ids.iter_mut().filter_map(Option::take).collect();
-        if !abandoned.is_empty() {
-            self.dispatcher.removal_abandoned(abandoned);
-        }
-    }
-}
-
 /// Counts the nacks the dispatcher took, per queue.
 fn count_nacks(outcomes: &[SettleOutcome]) {
     for outcome in outcomes.iter().filter(|o| o.code == SettleCode::Ok) {
@@ -319,32 +295,4 @@ fn unreachable_outcomes(ids: Vec<String>, node: NodeId, why: &str) -> Vec<Settle
             removal: None,
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::deliver::DispatcherCommand;
-
-    #[test]
-    fn settle_dropped_while_its_removal_committed_left_the_lease_for_good() {
-        let (dispatcher, mut inbox) = crate::deliver::channel();
-        let accepted = DeliveryId {
-            shard: 0,
-            queue: "q".to_owned(),
-            producer: "a".to_owned(),
-            sequence: 3,
-            attempt: 1,
-        };
-        let under_way = RemovalsUnderWay {
-            dispatcher,
-            ids: vec![None, Some(accepted.clone())],
-        };
-        drop(under_way);
-        match inbox.try_recv() {
-            Some(DispatcherCommand::RemovalAbandoned { ids }) => assert_eq!(ids, vec![accepted]),
-            _ => panic!("the dropped settle's accepted ack was not handed back"),
-        }
-        assert!(inbox.try_recv().is_none());
-    }
 }

@@ -1,9 +1,7 @@
 //! Delivery leases of the scheduler: a dispatch leases its message until it
 //! is acked, nacked, held back (delayed) or its lease expires; the lease
 //! heap orders the deadlines. A nack or an expiry makes the message
-//! deliverable again with the next attempt. A lease whose settle is under
-//! way elsewhere (an ack being made durable) no longer expires: the
-//! consumer answered in time, and only the ack or a nack ends it.
+//! deliverable again with the next attempt.
 
 use std::hash::Hash;
 use std::time::Instant;
@@ -38,23 +36,6 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         } else {
             self.join_if_eligible(id);
         }
-        self.discard_stale_leases();
-        Ok(())
-    }
-
-    /// The consumer acked `(producer, sequence, attempt)` and the caller is
-    /// making that durable: the lease no longer expires, however long that
-    /// takes, and ends with [`Self::ack`] once it is durable or
-    /// [`Self::nack`] if it cannot be. Same errors as [`Self::ack`].
-    pub fn settling(
-        &mut self,
-        producer: &K,
-        sequence: u64,
-        attempt: u32,
-    ) -> Result<(), SettleError> {
-        let id = self.slots.id_of(producer).ok_or(SettleError::NotLeased)?;
-        let slot = self.slots.get_mut(id).ok_or(SettleError::NotLeased)?;
-        slot.mark_settling(sequence, attempt)?;
         self.discard_stale_leases();
         Ok(())
     }
@@ -112,12 +93,7 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
     pub fn expire_leases(&mut self, now: Instant) -> Vec<Dispatch<K>> {
         let mut expired = Vec::new();
         while let Some(lease) = self.lease_heap.pop_due(now) {
-            let Some(producer) = self
-                .slots
-                .get(lease.slot)
-                .filter(|slot| slot.lease_may_expire(lease.sequence, lease.attempt))
-                .map(|slot| slot.key.clone())
-            else {
+            let Some(producer) = self.slots.get(lease.slot).map(|slot| slot.key.clone()) else {
                 continue;
             };
             if self
@@ -135,9 +111,9 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         expired
     }
 
-    /// Earliest deadline of a lease that may expire, for the caller's timer.
-    /// (Settled leases, and those being settled, are dropped from the top of
-    /// the heap as they are settled, so this never names one.)
+    /// Earliest deadline of a live lease, for the caller's timer. (Settled
+    /// leases are dropped from the top of the heap as they are settled, so
+    /// this never names one.)
     pub fn next_deadline(&self) -> Option<Instant> {
         self.lease_heap.peek().map(|lease| lease.deadline)
     }
@@ -159,17 +135,16 @@ impl<K: Clone + Eq + Hash, T: Clone + Eq + Hash> Scheduler<K, T> {
         Ok(())
     }
 
-    /// Pops settled leases and those being settled off the top of the heap,
-    /// so that its top is always a lease that may expire and `next_deadline`
-    /// exact. Called after every operation that settles a lease or frees a
-    /// slot.
+    /// Pops settled leases off the top of the heap, so that its top is always
+    /// a live lease and `next_deadline` exact. Called after every operation
+    /// that settles a lease or frees a slot.
     pub(super) fn discard_stale_leases(&mut self) {
         while let Some(top) = self.lease_heap.peek() {
-            let may_expire = self
+            let live = self
                 .slots
                 .get(top.slot)
-                .is_some_and(|slot| slot.lease_may_expire(top.sequence, top.attempt));
-            if may_expire {
+                .is_some_and(|slot| slot.holds_lease(top.sequence, top.attempt));
+            if live {
                 return;
             }
             self.lease_heap.pop();

@@ -393,45 +393,6 @@ fn expire_counts_only_live_leases() {
 }
 
 #[test]
-fn lease_whose_ack_is_being_made_durable_does_not_expire_into_a_redelivery() {
-    let mut scheduler = scheduler();
-    let now = Instant::now();
-    scheduler.enqueued(&"a", 1..3);
-    scheduler.next(now);
-    scheduler.next(now);
-    scheduler.settling(&"a", 1, 1).unwrap();
-    assert_eq!(
-        scheduler.expire(now + TIMEOUT * 10),
-        1,
-        "only the unsettled lease lapses"
-    );
-    assert!(scheduler.is_leased(&"a", 1, 1));
-    assert_eq!(scheduler.next_deadline(), None);
-    assert_eq!(
-        scheduler
-            .next(now + TIMEOUT * 10)
-            .map(|d| (d.sequence, d.attempt)),
-        Some((2, 2))
-    );
-    scheduler.ack(&"a", 1, 1).unwrap();
-    assert_eq!(scheduler.in_flight(), 1);
-}
-
-#[test]
-fn lease_whose_ack_could_not_be_made_durable_is_delivered_again_after_a_nack() {
-    let mut scheduler = scheduler();
-    let now = Instant::now();
-    scheduler.enqueued(&"a", 1..2);
-    scheduler.next(now);
-    scheduler.settling(&"a", 1, 1).unwrap();
-    assert_eq!(scheduler.settling(&"a", 1, 2), Err(SettleError::NotLeased));
-    scheduler.nack(&"a", 1, 1).unwrap();
-    let again = scheduler.next(now).unwrap();
-    assert_eq!((again.sequence, again.attempt), (1, 2));
-    assert_eq!(scheduler.next_deadline(), Some(now + TIMEOUT));
-}
-
-#[test]
 fn next_deadline_skips_settled_leases_on_top() {
     let mut scheduler = scheduler();
     let now = Instant::now();

@@ -29,14 +29,6 @@ type Book = DispatchBook<ShardReaders, mpsc::UnboundedSender<ConsumerEvent>>;
 /// Commands waiting for the dispatcher task, before it is spawned.
 pub(crate) struct DispatcherInbox(mpsc::UnboundedReceiver<DispatcherCommand>);
 
-#[cfg(test)]
-impl DispatcherInbox {
-    /// The next command sent, if any: what a handle sends, for tests.
-    pub(crate) fn try_recv(&mut self) -> Option<DispatcherCommand> {
-        self.0.try_recv().ok()
-    }
-}
-
 /// The dispatcher's handle and inbox: the handle works (commands queue up)
 /// before the task exists, so state machines can report from their first apply.
 pub(crate) fn channel() -> (DispatcherHandle, DispatcherInbox) {
@@ -135,18 +127,11 @@ impl Dispatcher {
                 by,
                 reply,
             } => {
-                if let Err(unanswered) = reply.send(book.settle(kind, ids, &by, now)) {
-                    let accepted: Vec<_> = unanswered
-                        .into_iter()
-                        .filter_map(|outcome| outcome.removal)
-                        .collect();
-                    book.removal_abandoned(&accepted, now);
-                }
+                let _caller_gone = reply.send(book.settle(kind, ids, &by, now));
             }
             DispatcherCommand::RemovalCommitted { ids, acked } => {
                 book.removal_committed(&ids, acked, now)
             }
-            DispatcherCommand::RemovalAbandoned { ids } => book.removal_abandoned(&ids, now),
             DispatcherCommand::ConsumerGone { consumer } => book.consumer_gone(consumer, now),
             DispatcherCommand::Activity {
                 with_producers,

@@ -210,9 +210,6 @@ pub(crate) enum DispatcherCommand {
         ids: Vec<DeliveryId>,
         acked: bool,
     },
-    RemovalAbandoned {
-        ids: Vec<DeliveryId>,
-    },
     ConsumerGone {
         consumer: ConsumerId,
     },
@@ -325,12 +322,6 @@ impl DispatcherHandle {
     /// dropped when not `acked`): their leases end.
     pub fn removal_committed(&self, ids: Vec<DeliveryId>, acked: bool) {
         let _stopping = self.send(DispatcherCommand::RemovalCommitted { ids, acked });
-    }
-
-    /// These acks' removals did not commit, or their callers went away:
-    /// the messages are delivered again.
-    pub fn removal_abandoned(&self, ids: Vec<DeliveryId>) {
-        let _stopping = self.send(DispatcherCommand::RemovalAbandoned { ids });
     }
 
     /// The consumer's stream ended: what it held is delivered again.

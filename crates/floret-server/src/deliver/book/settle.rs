@@ -3,12 +3,8 @@
 //! one drawn for that delivery, and the caller must be the stream it was
 //! delivered on (or, through the unary `Ack`, that stream's tenant). A nack
 //! then returns the lease at once. An ack's lease ends only when the
-//! removal has committed ([`DispatchBook::removal_committed`]), and it no
-//! longer lapses meanwhile: the consumer answered in time, and a removal
-//! slower than the lease (a busy raft group) must not turn every ack into
-//! a redelivery and another removal. If the removal fails, or its caller
-//! goes away, the message is delivered again at once
-//! ([`DispatchBook::removal_abandoned`]). A refusal
+//! removal has committed ([`DispatchBook::removal_committed`]): if the
+//! removal fails, the lease lapses and the message comes back. A refusal
 //! is explained (never committed, already acked, a lapsed lease, not
 //! yours) without naming who holds the delivery.
 //!
@@ -49,36 +45,6 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             self.end_lease(id, acked);
         }
         let queues: HashSet<Arc<str>> = ids.iter().map(|id| id.queue.as_str().into()).collect();
-        for queue in queues {
-            self.pump(&queue, now);
-        }
-    }
-
-    /// These acks' removals did not commit, or whoever was committing them
-    /// went away: their messages are delivered again now (a removal that
-    /// commits after all makes the redelivery find the message gone).
-    pub fn removal_abandoned(&mut self, ids: &[DeliveryId], now: Now) {
-        let mut queues = HashSet::new();
-        for id in ids {
-            let queue_name: Arc<str> = id.queue.as_str().into();
-            let Some(queue) = self.queues.get_mut(&queue_name) else {
-                continue;
-            };
-            let producer = ProducerKey::new(id.shard, &id.producer);
-            if queue
-                .scheduler
-                .nack(&producer, id.sequence, id.attempt)
-                .is_ok()
-            {
-                let lease = LeaseKey {
-                    producer,
-                    sequence: id.sequence,
-                    attempt: id.attempt,
-                };
-                self.release_holder(&queue_name, &lease);
-                queues.insert(queue_name);
-            }
-        }
         for queue in queues {
             self.pump(&queue, now);
         }
@@ -134,17 +100,12 @@ impl<S: ShardContents, C: ConsumerChannel> DispatchBook<S, C> {
             return outcome(text, code, why.to_owned());
         }
         match kind {
-            SettleKind::Ack | SettleKind::DeadLetter => {
-                match queue.scheduler.settling(&key, id.sequence, id.attempt) {
-                    Ok(()) => SettleOutcome {
-                        delivery_id: text,
-                        code: Code::Ok,
-                        message: String::new(),
-                        removal: Some(id),
-                    },
-                    Err(SettleError::NotLeased) => self.explain_not_leased(kind, &id, text),
-                }
-            }
+            SettleKind::Ack | SettleKind::DeadLetter => SettleOutcome {
+                delivery_id: text,
+                code: Code::Ok,
+                message: String::new(),
+                removal: Some(id),
+            },
             SettleKind::Nack => match queue.scheduler.nack(&key, id.sequence, id.attempt) {
                 Ok(()) => {
                     self.release_holder(&queue_name, &lease);

@@ -16,8 +16,6 @@
 //! - `credit 1 3`, `set-credits 1 0`: grant consumer 1 three more, or set its credits
 //! - `ack q/a/0#1`, `dead-letter q/a/0#1`: settle and commit the removal
 //! - `ack-uncommitted q/a/0#1`: settle only; the removal has not committed yet
-//! - `removal-abandoned q/a/0#1`: that uncommitted removal failed, or its
-//!   caller went away
 //! - `nack q/a/0#1`
 //! - `close 1`: consumer 1's stream closes unnoticed; `gone 1`: the node notices
 //! - `advance 30s`: move the clock, then expire leases and release held messages
@@ -225,11 +223,6 @@ impl Runner {
                 let id = self.delivery_id(id)?;
                 let outcome = self.harness.settle(kind, &id, *verb != "ack-uncommitted");
                 return Ok(vec![describe(&outcome)]);
-            }
-            ["removal-abandoned", id] => {
-                let id = self.delivery_id(id)?;
-                let now = self.harness.now();
-                self.harness.book.removal_abandoned(&[id], now);
             }
             ["close", consumer] => harness.close(parse(consumer)?),
             ["gone", consumer] => harness.gone(parse(consumer)?),

@@ -46,45 +46,6 @@ fn acked_message_is_not_redelivered_while_its_removal_commits() {
 }
 
 #[test]
-fn removal_slower_than_the_lease_turned_an_ack_in_time_into_a_redelivery() {
-    let mut harness = led_harness();
-    harness.produce(0, "q", "a", 1, None);
-    harness.subscribe("q", 2);
-    harness.take_deliveries();
-    let outcome = harness.settle(SettleKind::Ack, &id("a", 0, 1), false);
-    assert_eq!(outcome.removal, Some(id("a", 0, 1)));
-    harness.advance(LEASE_TIMEOUT * 3);
-    assert!(
-        harness.take_deliveries().is_empty(),
-        "a message acked in time was delivered again while its removal committed"
-    );
-    assert_eq!(harness.book.take_outbox().lease_expiries, 0);
-    let now = harness.now();
-    harness.book.removal_committed(&[id("a", 0, 1)], true, now);
-    harness.advance(LEASE_TIMEOUT);
-    assert!(harness.take_deliveries().is_empty());
-}
-
-#[test]
-fn ack_whose_removal_failed_left_its_message_leased_for_good() {
-    let mut harness = led_harness();
-    harness.produce(0, "q", "a", 1, None);
-    let consumer = harness.subscribe("q", 2);
-    harness.take_deliveries();
-    let outcome = harness.settle(SettleKind::Ack, &id("a", 0, 1), false);
-    assert_eq!(outcome.removal, Some(id("a", 0, 1)));
-    let now = harness.now();
-    harness.book.removal_abandoned(&[id("a", 0, 1)], now);
-    assert_eq!(harness.take_deliveries(), vec![(consumer, id("a", 0, 2))]);
-    let late = harness.settle(SettleKind::Ack, &id("a", 0, 1), false);
-    assert_eq!(late.code, SettleCode::FailedPrecondition);
-    assert_eq!(
-        harness.settle(SettleKind::Ack, &id("a", 0, 2), true).code,
-        SettleCode::Ok
-    );
-}
-
-#[test]
 fn settle_tells_a_message_that_never_existed_from_an_acked_one() {
     let mut harness = led_harness();
     harness.produce(0, "q", "a", 1, None);
