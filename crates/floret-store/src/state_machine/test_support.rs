@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 
 use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, Snapshot};
 
 use crate::Database;
 use crate::log_store::encode_entry;
 use crate::reader::ShardReader;
+use crate::state_machine::StateMachine;
 use crate::types::{Command, Enqueue, LogId, MessageRef, NewMessage, Op, TypeConfig};
 
 pub(super) const SHARD: u32 = 0;
@@ -117,15 +118,21 @@ pub(super) async fn append_and_apply_together(
     state_machine.apply(entries).await.unwrap();
 }
 
+/// Builds a snapshot of `state_machine` as it is now (and saves it to the
+/// shard's snapshot file).
+pub(super) async fn build_snapshot(state_machine: &mut StateMachine) -> Snapshot<TypeConfig> {
+    state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap()
+}
+
 /// Builds a snapshot of the shard on `source` and installs it on `target`:
 /// a reader of the installed state.
 pub(super) async fn install_snapshot_of(source: &Database, target: &Database) -> ShardReader {
-    let mut builder = source
-        .state_machine(SHARD, None)
-        .unwrap()
-        .get_snapshot_builder()
-        .await;
-    let snapshot = builder.build_snapshot().await.unwrap();
+    let snapshot = build_snapshot(&mut source.state_machine(SHARD, None).unwrap()).await;
     let mut installer = target.state_machine(SHARD, None).unwrap();
     installer
         .install_snapshot(&snapshot.meta, snapshot.snapshot)

@@ -10,7 +10,8 @@ use openraft::Entry;
 use openraft::storage::{RaftLogReader, RaftSnapshotBuilder, RaftStateMachine};
 
 use super::test_support::{
-    SHARD, append_and_apply, enqueue_messages, install_snapshot_of, log_id, message, ops, payload,
+    SHARD, append_and_apply, build_snapshot, enqueue_messages, install_snapshot_of, log_id,
+    message, ops, payload,
 };
 use crate::records::{StoredMessage, decode};
 use crate::types::{DeadLetterReason, Discard, Discarded, MessageRef, NewMessage, Op, TypeConfig};
@@ -222,12 +223,7 @@ async fn snapshot_taken_mid_write_replays_the_senders_redo_record_on_the_replica
         .tree()
         .apply(write_in_progress)
         .unwrap();
-    let snapshot = state_machine
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snapshot = build_snapshot(&mut state_machine).await;
     let image = crate::snapshot::TreeImage::from_bytes(snapshot.snapshot.get_ref()).unwrap();
     assert!(
         image
@@ -296,12 +292,7 @@ async fn node_whose_tree_lost_applies_its_snapshot_holds_starts_behind_its_snaps
         append_and_apply(&database, enqueue(1, "a", &[payload(1)]), true).await;
         append_and_apply(&database, enqueue(2, "a", &[payload(2)]), true).await;
         let mut state_machine = database.state_machine(SHARD, None).unwrap();
-        let snapshot = state_machine
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
+        let snapshot = build_snapshot(&mut state_machine).await;
         let digest = state_machine.reader().digest().unwrap();
         (digest, snapshot.meta.last_log_id)
     };
