@@ -13,10 +13,11 @@ use floret_cluster::Peers;
 use floret_proto::v1::{self, consume_request, consume_response};
 use floret_store::NodeId;
 use prost::Message;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
+use super::inbound;
 use super::outbound::credit_room;
 use super::tenant_shares::{SourceShares, source_shares};
 use super::{
@@ -163,7 +164,11 @@ impl Merge {
         settler: Settler,
     ) {
         let (requests_sender, mut requests) = mpsc::unbounded_channel();
-        tokio::spawn(read_requests(inbound, requests_sender));
+        tokio::spawn(inbound::read_requests(
+            inbound,
+            inbound::settling_bound(),
+            requests_sender,
+        ));
         let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stream = self.outbound.clone();
@@ -174,8 +179,8 @@ impl Merge {
                 Ok(()) = member_changes.changed() => self.follow_new_members(),
                 () = stream.taken() => self.forward_waiting(),
                 request = requests.recv() => match request {
-                    Some(Ok(request)) => {
-                        if let Err(status) = self.on_request(request, &settler) {
+                    Some(Ok((request, settling))) => {
+                        if let Err(status) = self.on_request(request, settling, &settler) {
                             let _consumer_gone = self.outbound.send(Err(status));
                             break;
                         }
@@ -329,7 +334,14 @@ impl Merge {
         let _consumer_gone = self.outbound.send_delivery(delivery, bytes);
     }
 
-    fn on_request(&mut self, request: v1::ConsumeRequest, settler: &Settler) -> Result<(), Status> {
+    /// Handles one request of the consumer; `settling` holds an ack's or
+    /// nack's place in the stream's bound until its settle is answered.
+    fn on_request(
+        &mut self,
+        request: v1::ConsumeRequest,
+        settling: Option<OwnedSemaphorePermit>,
+        settler: &Settler,
+    ) -> Result<(), Status> {
         match request.request {
             Some(consume_request::Request::Credit(credit)) if credit.set => {
                 Err(InvalidRequest::Malformed(
@@ -342,10 +354,12 @@ impl Merge {
                 self.on_credit(credits)
             }
             Some(consume_request::Request::Ack(settle)) => {
-                self.settle(request::settle_kind(false, &settle)?, settle, settler)
+                let kind = request::settle_kind(false, &settle)?;
+                self.settle(kind, settle, settling, settler)
             }
             Some(consume_request::Request::Nack(settle)) => {
-                self.settle(request::settle_kind(true, &settle)?, settle, settler)
+                let kind = request::settle_kind(true, &settle)?;
+                self.settle(kind, settle, settling, settler)
             }
             Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
                 "this stream is already subscribed; open another stream for another queue",
@@ -369,6 +383,7 @@ impl Merge {
         &self,
         kind: SettleKind,
         settle: v1::Settle,
+        settling: Option<OwnedSemaphorePermit>,
         settler: &Settler,
     ) -> Result<(), Status> {
         if settle.delivery_ids.is_empty() {
@@ -398,6 +413,7 @@ impl Merge {
         let (settler, outbound) = (settler.clone(), self.outbound.clone());
         let settled_by = self.settled_by.clone();
         tokio::spawn(async move {
+            let _place_in_the_bound = settling;
             let mut outcomes = refused;
             if !own.is_empty()
                 && let Ok(settled) = settler.settle(kind, own, &settled_by).await
@@ -414,27 +430,5 @@ impl Merge {
         });
         tracing::trace!(queue = self.queue, "settle sent");
         Ok(())
-    }
-}
-
-/// Reads the consumer's requests; `Err(())` when its stream failed.
-async fn read_requests(
-    mut inbound: Streaming<v1::ConsumeRequest>,
-    requests: mpsc::UnboundedSender<Result<v1::ConsumeRequest, ()>>,
-) {
-    loop {
-        match inbound.message().await {
-            Ok(Some(request)) => {
-                if requests.send(Ok(request)).is_err() {
-                    return;
-                }
-            }
-            Ok(None) => return,
-            Err(status) => {
-                tracing::debug!(%status, "consume stream failed");
-                let _merge_gone = requests.send(Err(()));
-                return;
-            }
-        }
     }
 }

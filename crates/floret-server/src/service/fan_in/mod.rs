@@ -35,7 +35,9 @@
 //! than it granted.
 //!
 //! Acks and nacks on the stream go through the [`Settler`], which sends each
-//! to the leader of its shard (where the lease is). A peer stream that
+//! to the leader of its shard (where the lease is). A stream may have
+//! [`inbound::SETTLING_PER_STREAM`] delivery ids being settled at once;
+//! past that its requests, credits too, wait (`inbound.rs`). A peer stream that
 //! breaks is opened again after a pause; what it held is redelivered by its
 //! shard's leader.
 //!
@@ -52,6 +54,7 @@
 //!   them when it wakes; what it then delivers waits here for credit.
 
 mod credits;
+mod inbound;
 mod merge;
 mod outbound;
 mod peer_source;
