@@ -30,10 +30,12 @@ pub use shard_storage::ShardStorage;
 
 /// sled's page cache. sled holds the per-producer index, counters and
 /// removal marks, not payloads (they stay in the raft log), so a small
-/// cache holds the hot part of a large backlog: a 1,000,000-message backlog
-/// drained at 25,400 msg/s with 16 MiB and 32,600 with 64 MiB, which cost
-/// 25 MiB more per node (BENCHMARKS, "scale").
-pub const DEFAULT_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+/// cache holds the hot part of a large backlog. 8 MiB holds a
+/// 10,000,000-message backlog under 64 MiB per node where 16 MiB did not,
+/// and drains a 1,000,000-message one about as fast (BENCHMARKS, "A smaller
+/// sled cache, tried and reverted", and "An ack keeps its lease while its
+/// removal commits").
+pub const DEFAULT_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Why a data dir cannot be opened.
 #[derive(Debug, thiserror::Error)]
