@@ -12,8 +12,8 @@
 //! Files: `overlay/` gathers one apply's changes and reads through them
 //! (`overlay/touched_runs.rs`: the runs it touches),
 //! `ops.rs` says what each operation means (`dead_letters.rs` for dead
-//! letters); this file is the openraft
-//! glue (apply, snapshots) and the events.
+//! letters), `snapshots.rs` builds and loads snapshot images; this file is
+//! the openraft glue (apply, snapshots) and the events.
 //!
 //! Payloads are written once: a message whose entry is durable in this
 //! node's raft log is stored as a pointer to its payload there (see
@@ -47,6 +47,7 @@ mod overlay;
 mod packed_run_tests;
 #[cfg(test)]
 mod replica_tests;
+mod snapshots;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -58,18 +59,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
-use openraft::{EntryPayload, RaftSnapshotBuilder, Snapshot, StoredMembership};
+use openraft::{EntryPayload, Snapshot, StoredMembership};
 
 use crate::blocking::{may_block, off_the_runtime};
-use crate::keys;
 use crate::reader::ShardReader;
-use crate::records::{AppliedState, encode};
 use crate::shard_tree::ShardTree;
-use crate::snapshot::{self, EncodedImage, SnapshotFile, SnapshotMeta, TreeImage};
+use crate::snapshot::{self, SnapshotFile, SnapshotMeta};
 use crate::storage_error;
 use crate::types::{Command, CommandReply, LogId, Op, ShardId, StorageError, TypeConfig};
-use crate::wal::{SegmentRuns, Wal};
+use crate::wal::Wal;
 use overlay::PendingApply;
+pub use snapshots::SnapshotBuilder;
+use snapshots::{expected_image_bytes, replace_tree_with_image};
 
 /// An apply that touches more messages than this runs in place of its
 /// worker ([`may_block`]), which hands its other tasks over first; a
@@ -390,81 +391,5 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         }))
-    }
-}
-
-/// What a shard's snapshot image should come to: its messages stored
-/// inline, with room for run headers, producer records and the rest.
-fn expected_image_bytes(reader: &ShardReader) -> usize {
-    let totals = reader.totals();
-    let bytes = totals.bytes() + 8 * totals.messages() + 256 * totals.producers() + (1 << 20);
-    usize::try_from(bytes).unwrap_or(usize::MAX)
-}
-
-/// Makes `shard`'s tree the snapshot image `data` with the applied state
-/// `meta` names: an install from the leader, or a node catching up with its
-/// own snapshot at start.
-fn replace_tree_with_image(
-    shard: ShardId,
-    reader: &ShardReader,
-    meta: &SnapshotMeta,
-    data: &[u8],
-) -> Result<(), StorageError> {
-    let signature = Some(meta.signature());
-    let mut image = TreeImage::from_bytes(data)
-        .map_err(|e| storage_error::read_snapshot(signature.clone(), &e))?;
-    image.drop_node_local_keys();
-    image
-        .validate()
-        .map_err(|e| storage_error::read_snapshot(signature, &std::io::Error::other(e)))?;
-    let applied = encode(&AppliedState {
-        last_applied: meta.last_log_id,
-        membership: meta.last_membership.clone(),
-    });
-    reader
-        .tree()
-        .replace_all(
-            image
-                .pairs
-                .into_iter()
-                .chain([(keys::APPLIED.to_vec(), applied)]),
-        )
-        .map_err(storage_error::write_state_machine)?;
-    reader.log().set_pins(shard, SegmentRuns::new());
-    reader.reload()
-}
-
-/// Builds a snapshot from the tree image taken when openraft asked for the
-/// builder (between two applies, so the image matches its applied log id).
-pub struct SnapshotBuilder {
-    image: Result<EncodedImage, StorageError>,
-    applied: Result<AppliedState, StorageError>,
-    file: SnapshotFile,
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let image = std::mem::take(self.image.as_mut().map_err(|e| e.clone())?);
-        let applied = self.applied.clone()?;
-        let snapshot_id = match applied.last_applied {
-            Some(log_id) => format!("{}-{}-{}", log_id.leader_id, log_id.index, image.pairs),
-            None => format!("empty-{}", image.pairs),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: applied.last_applied,
-            last_membership: applied.membership,
-            snapshot_id,
-        };
-        let file = self.file.clone();
-        let saved_meta = meta.clone();
-        let data =
-            off_the_runtime(move || file.save(&saved_meta, &image.bytes).map(|()| image.bytes))
-                .await
-                .and_then(|saved| saved)
-                .map_err(|e| storage_error::write_snapshot(Some(meta.signature()), &e))?;
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
     }
 }
