@@ -33,21 +33,16 @@ pub(super) const SETTLING_PER_STREAM: u32 = 4096;
 /// permits its settle holds until answered, anything else with none.
 pub(super) type Admitted = (v1::ConsumeRequest, Option<OwnedSemaphorePermit>);
 
-/// Permits for the settles of one stream.
-pub(super) fn settling_bound() -> Arc<Semaphore> {
-    Arc::new(Semaphore::new(SETTLING_PER_STREAM as usize))
-}
-
 /// Reads the consumer's requests into `requests`, the next one only while
-/// `settling` has room, and each ack or nack once it has room for its ids;
-/// `Err(())` when the stream failed.
+/// the stream's bound has room, and each ack or nack once it has room for
+/// its ids; `Err(())` when the stream failed.
 pub(super) async fn read_requests<S>(
     mut inbound: S,
-    settling: Arc<Semaphore>,
     requests: mpsc::UnboundedSender<Result<Admitted, ()>>,
 ) where
     S: Stream<Item = Result<v1::ConsumeRequest, Status>> + Unpin,
 {
+    let settling = Arc::new(Semaphore::new(SETTLING_PER_STREAM as usize));
     loop {
         match settling.acquire().await {
             Ok(room) => drop(room),
@@ -112,7 +107,7 @@ mod tests {
     async fn consumer_acking_faster_than_removals_commit_kept_getting_its_credits_read() {
         let inbound = futures::stream::iter([Ok(ack(SETTLING_PER_STREAM)), Ok(credit(5))]);
         let (sender, mut requests) = mpsc::unbounded_channel();
-        tokio::spawn(read_requests(inbound, settling_bound(), sender));
+        tokio::spawn(read_requests(inbound, sender));
         let (first, settling) = requests.recv().await.unwrap().unwrap();
         assert_eq!(first, ack(SETTLING_PER_STREAM));
         assert!(
@@ -131,7 +126,7 @@ mod tests {
     async fn ack_of_more_ids_than_the_bound_waited_for_good() {
         let inbound = futures::stream::iter([Ok(ack(SETTLING_PER_STREAM * 3)), Ok(ack(2))]);
         let (sender, mut requests) = mpsc::unbounded_channel();
-        tokio::spawn(read_requests(inbound, settling_bound(), sender));
+        tokio::spawn(read_requests(inbound, sender));
         let (first, settling) = requests.recv().await.unwrap().unwrap();
         assert_eq!(first, ack(SETTLING_PER_STREAM * 3));
         drop(settling);

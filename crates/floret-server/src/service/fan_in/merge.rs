@@ -164,11 +164,7 @@ impl Merge {
         settler: Settler,
     ) {
         let (requests_sender, mut requests) = mpsc::unbounded_channel();
-        tokio::spawn(inbound::read_requests(
-            inbound,
-            inbound::settling_bound(),
-            requests_sender,
-        ));
+        tokio::spawn(inbound::read_requests(inbound, requests_sender));
         let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stream = self.outbound.clone();
