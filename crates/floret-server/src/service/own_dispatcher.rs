@@ -9,6 +9,12 @@
 //! [`BACKLOG_HEARTBEAT`], so the merging node knows the stream is alive
 //! without the gossip view.
 //!
+//! Acks and nacks on the stream settle in tasks of their own, within the
+//! per-stream bound on ids being settled that client streams have
+//! (`fan_in/inbound.rs`): while it is full nothing more is read. Merging
+//! nodes settle through `Peer.Settle` instead, so only a peer that chose
+//! to settle here reaches that bound.
+//!
 //! IMPLEMENTATION CAVEATS
 //! - The deliveries waiting to be sent are not bounded by the stream's
 //!   credits yet.
@@ -20,7 +26,7 @@ use std::time::Duration;
 use floret_proto::peer::v1::PeerConsumeResponse;
 use floret_proto::v1::{self, consume_request};
 use futures::{Stream, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
@@ -48,6 +54,8 @@ pub(crate) async fn serve(
     let owner = convert::stream_owner_from_metadata(request.metadata())?;
     let mut inbound = request.into_inner();
     let (queue, credits) = read_subscribe(&mut inbound).await?;
+    let (admitted, requests) = mpsc::unbounded_channel();
+    tokio::spawn(fan_in::read_requests(inbound, admitted));
     let (events, deliveries) = mpsc::unbounded_channel();
     let (failures, failed) = mpsc::unbounded_channel::<Status>();
     let (finished, stopped) = oneshot::channel::<()>();
@@ -62,7 +70,7 @@ pub(crate) async fn serve(
             settler,
             by: SettledBy::Stream(owner),
         };
-        read_consumer_requests(inbound, consumer, dispatcher, on_stream, events, failures).await;
+        read_consumer_requests(requests, consumer, dispatcher, on_stream, events, failures).await;
         let _stream_gone = finished.send(());
     });
     let last_report = Arc::new(Mutex::new(BacklogReport::default()));
@@ -94,25 +102,18 @@ pub(crate) async fn serve(
     )))
 }
 
-/// Reads credits, acks and nacks from a consumer until its stream ends or
-/// misbehaves; then the dispatcher takes back what the consumer held.
+/// Serves credits, acks and nacks from a consumer, as `fan_in::read_requests`
+/// admits them, until its stream ends or misbehaves; then the dispatcher
+/// takes back what the consumer held.
 async fn read_consumer_requests(
-    mut inbound: Streaming<v1::ConsumeRequest>,
+    mut requests: mpsc::UnboundedReceiver<Result<fan_in::Admitted, ()>>,
     consumer: ConsumerId,
     dispatcher: DispatcherHandle,
     settler: StreamSettler,
     events: mpsc::UnboundedSender<ConsumerEvent>,
     failures: mpsc::UnboundedSender<Status>,
 ) {
-    loop {
-        let request = match inbound.message().await {
-            Ok(Some(request)) => request,
-            Ok(None) => break,
-            Err(status) => {
-                tracing::debug!(consumer, %status, "consume stream failed");
-                break;
-            }
-        };
+    while let Some(Ok((request, settling))) = requests.recv().await {
         let result = match request.request {
             Some(consume_request::Request::Credit(credit)) if credit.set => dispatcher
                 .set_credits(consumer, credit.credits)
@@ -125,10 +126,10 @@ async fn read_consumer_requests(
                 .map_err(Status::from),
             Some(consume_request::Request::Ack(settle)) => request::settle_kind(false, &settle)
                 .map_err(Status::from)
-                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, settling, &events)),
             Some(consume_request::Request::Nack(settle)) => request::settle_kind(true, &settle)
                 .map_err(Status::from)
-                .and_then(|kind| settle_on_stream(&settler, kind, settle, &events)),
+                .and_then(|kind| settle_on_stream(&settler, kind, settle, settling, &events)),
             Some(consume_request::Request::Subscribe(_)) => Err(InvalidRequest::Malformed(
                 "this stream is already subscribed; open another stream for another queue",
             )
@@ -150,11 +151,13 @@ struct StreamSettler {
 }
 
 /// Settles in its own task, so a consumer's next requests are read while
-/// its acks commit; the outcomes come back on the stream.
+/// its acks commit, holding `settling` (its place in the stream's bound)
+/// until answered; the outcomes come back on the stream.
 fn settle_on_stream(
     settler: &StreamSettler,
     kind: SettleKind,
     settle: v1::Settle,
+    settling: Option<OwnedSemaphorePermit>,
     events: &mpsc::UnboundedSender<ConsumerEvent>,
 ) -> Result<(), Status> {
     if settle.delivery_ids.is_empty() {
@@ -165,7 +168,9 @@ fn settle_on_stream(
     let (by, events) = (settler.by.clone(), events.clone());
     let settler = settler.settler.clone();
     tokio::spawn(async move {
-        if let Ok(outcomes) = settler.settle(kind, settle.delivery_ids, &by).await {
+        let outcome = settler.settle(kind, settle.delivery_ids, &by).await;
+        drop(settling);
+        if let Ok(outcomes) = outcome {
             let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
         }
     });

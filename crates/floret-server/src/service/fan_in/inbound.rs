@@ -1,5 +1,7 @@
-//! A consumer's requests, read off its stream in order for the merge task,
-//! with a bound on what the consumer has being settled. Each ack or nack
+//! A consumer's requests, read off its stream in order for the task that
+//! serves them (the merge of a client's consume stream, or a peer's stream
+//! of this node's own dispatcher, `service/own_dispatcher.rs`), with a
+//! bound on what the consumer has being settled. Each ack or nack
 //! takes one permit per delivery id (of [`SETTLING_PER_STREAM`]) before it
 //! is passed on, and its settle holds them until it is answered. While the
 //! bound is reached nothing more is read from the stream, the consumer's
@@ -27,16 +29,16 @@ use tonic::Status;
 /// drained 1,000,000 messages 1.06x faster than 1,024 (which binds once a
 /// removal takes 70-80 ms) and 10,000,000 at 33,658 msg/s against 28,074,
 /// both without a lease expiry (BENCHMARKS, "A drain that stalled").
-pub(super) const SETTLING_PER_STREAM: u32 = 4096;
+pub(in crate::service) const SETTLING_PER_STREAM: u32 = 4096;
 
 /// A consumer's request as the merge gets it: an ack or nack with the
 /// permits its settle holds until answered, anything else with none.
-pub(super) type Admitted = (v1::ConsumeRequest, Option<OwnedSemaphorePermit>);
+pub(in crate::service) type Admitted = (v1::ConsumeRequest, Option<OwnedSemaphorePermit>);
 
 /// Reads the consumer's requests into `requests`, the next one only while
 /// the stream's bound has room, and each ack or nack once it has room for
 /// its ids; `Err(())` when the stream failed.
-pub(super) async fn read_requests<S>(
+pub(in crate::service) async fn read_requests<S>(
     mut inbound: S,
     requests: mpsc::UnboundedSender<Result<Admitted, ()>>,
 ) where

@@ -66,6 +66,7 @@ use std::time::Duration;
 use floret_cluster::Peers;
 use floret_proto::v1;
 
+pub(super) use inbound::{Admitted, read_requests};
 pub use merge::serve;
 pub use outbound::{ConsumeStream, Outbound, channel};
 
