@@ -27,6 +27,7 @@ use std::time::Instant;
 use floret_cluster::Shards;
 use floret_proto::peer::v1::PeerSettleRequest;
 use floret_store::{DeadLetterReason, Discard, Discarded, MessageRef, NodeId, Op, ShardId};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::deliver::{
     DispatcherHandle, DispatcherStopped, SettleCode, SettleKind, SettleOutcome, SettledBy,
@@ -72,6 +73,20 @@ impl Settler {
         ids: Vec<String>,
         by: &SettledBy,
     ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
+        self.settle_holding(kind, ids, by, None).await
+    }
+
+    /// Like [`Settler::settle`], holding `places` (a stream's places in its
+    /// bound on ids being settled, one per id) until the ids are answered:
+    /// the ids of each node release theirs as soon as that node answers, so
+    /// acks waiting on an unreachable leader hold only their own places.
+    pub async fn settle_holding(
+        &self,
+        kind: SettleKind,
+        ids: Vec<String>,
+        by: &SettledBy,
+        places: Option<OwnedSemaphorePermit>,
+    ) -> Result<Vec<SettleOutcome>, DispatcherStopped> {
         let node_id = self.shards.node_id();
         let mut by_node: BTreeMap<NodeId, (Vec<String>, Vec<usize>)> = BTreeMap::new();
         let total = ids.len();
@@ -90,13 +105,15 @@ impl Settler {
             indexes.push(index);
         }
         let mut outcomes: Vec<Option<SettleOutcome>> = vec![None; total];
-        let settled = futures::future::join_all(by_node.into_iter().map(
-            |(node, (texts, indexes))| async move {
+        let places = share_places(places, by_node.values().map(|(texts, _)| texts.len()));
+        let settled = futures::future::join_all(by_node.into_iter().zip(places).map(
+            |((node, (texts, indexes)), places)| async move {
                 let result = if node == node_id {
                     self.settle_here(kind, texts, by).await
                 } else {
                     Ok(self.settle_on(node, kind, texts, by).await)
                 };
+                drop(places);
                 (indexes, result)
             },
         ))
@@ -257,6 +274,24 @@ impl Settler {
     }
 }
 
+/// Splits `places` into one share per group of ids, of the group's size,
+/// in order, while places last (a stream's bound caps the places one
+/// settle holds, so a settle of more ids than that has fewer places than
+/// ids). Places beyond the ids are released at once.
+fn share_places(
+    mut places: Option<OwnedSemaphorePermit>,
+    group_sizes: impl Iterator<Item = usize>,
+) -> Vec<Option<OwnedSemaphorePermit>> {
+    group_sizes
+        .map(|size| {
+            let held = places.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+            places
+                .as_mut()
+                .and_then(|places| places.split(size.min(held)))
+        })
+        .collect()
+}
+
 /// Counts the nacks the dispatcher took, per queue.
 fn count_nacks(outcomes: &[SettleOutcome]) {
     for outcome in outcomes.iter().filter(|o| o.code == SettleCode::Ok) {
@@ -295,4 +330,49 @@ fn unreachable_outcomes(ids: Vec<String>, node: NodeId, why: &str) -> Vec<Settle
             removal: None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    fn sizes(shares: &[Option<OwnedSemaphorePermit>]) -> Vec<usize> {
+        shares
+            .iter()
+            .map(|share| share.as_ref().map_or(0, OwnedSemaphorePermit::num_permits))
+            .collect()
+    }
+
+    #[test]
+    fn ack_waiting_on_an_unreachable_leader_held_the_places_of_ids_already_answered() {
+        let bound = Arc::new(Semaphore::new(10));
+        let places = bound.clone().try_acquire_many_owned(6).unwrap();
+        let mut shares = share_places(Some(places), [3, 3].into_iter());
+        assert_eq!(sizes(&shares), [3, 3]);
+        shares.remove(0);
+        assert_eq!(
+            bound.available_permits(),
+            7,
+            "the ids this node answered still held their places"
+        );
+    }
+
+    #[test]
+    fn places_are_shared_in_order_while_they_last_and_the_rest_released() {
+        let bound = Arc::new(Semaphore::new(20));
+        let capped = bound.clone().try_acquire_many_owned(5).unwrap();
+        assert_eq!(
+            sizes(&share_places(Some(capped), [3, 4, 2].into_iter())),
+            [3, 2, 0]
+        );
+        let more_than_ids = bound.clone().try_acquire_many_owned(10).unwrap();
+        let shares = share_places(Some(more_than_ids), [3, 2].into_iter());
+        assert_eq!(sizes(&shares), [3, 2]);
+        assert_eq!(bound.available_permits(), 15);
+        assert_eq!(sizes(&share_places(None, [1, 2].into_iter())), [0, 0]);
+    }
 }

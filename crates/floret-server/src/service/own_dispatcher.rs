@@ -168,9 +168,10 @@ fn settle_on_stream(
     let (by, events) = (settler.by.clone(), events.clone());
     let settler = settler.settler.clone();
     tokio::spawn(async move {
-        let outcome = settler.settle(kind, settle.delivery_ids, &by).await;
-        drop(settling);
-        if let Ok(outcomes) = outcome {
+        if let Ok(outcomes) = settler
+            .settle_holding(kind, settle.delivery_ids, &by, settling)
+            .await
+        {
             let _consumer_gone = events.send(ConsumerEvent::Settled(outcomes));
         }
     });

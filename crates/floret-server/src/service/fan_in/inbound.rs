@@ -3,7 +3,9 @@
 //! of this node's own dispatcher, `service/own_dispatcher.rs`), with a
 //! bound on what the consumer has being settled. Each ack or nack
 //! takes one permit per delivery id (of [`SETTLING_PER_STREAM`]) before it
-//! is passed on, and its settle holds them until it is answered. While the
+//! is passed on, and its settle holds them until the ids are answered, the
+//! ids of each leader until that leader answers (`Settler::settle_holding`),
+//! so acks waiting on an unreachable node hold only their own places. While the
 //! bound is reached nothing more is read from the stream, the consumer's
 //! credits included, so a consumer that acks faster than its acks'
 //! removals commit gets no more deliveries until they catch up.

@@ -409,10 +409,11 @@ impl Merge {
         let (settler, outbound) = (settler.clone(), self.outbound.clone());
         let settled_by = self.settled_by.clone();
         tokio::spawn(async move {
-            let _place_in_the_bound = settling;
             let mut outcomes = refused;
             if !own.is_empty()
-                && let Ok(settled) = settler.settle(kind, own, &settled_by).await
+                && let Ok(settled) = settler
+                    .settle_holding(kind, own, &settled_by, settling)
+                    .await
             {
                 outcomes.extend(settled.into_iter().map(convert::settle_outcome));
             }
