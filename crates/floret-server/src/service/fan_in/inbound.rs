@@ -39,11 +39,23 @@ pub(in crate::service) type Admitted = (v1::ConsumeRequest, Option<OwnedSemaphor
 
 /// Reads the consumer's requests into `requests`, the next one only while
 /// the stream's bound has room, and each ack or nack once it has room for
-/// its ids; `Err(())` when the stream failed.
+/// its ids; `Err(())` when the stream failed. Stops, dropping the stream,
+/// as soon as nobody takes the requests any more (the task serving them
+/// ended on a bad request or a failure), not at the consumer's next message.
 pub(in crate::service) async fn read_requests<S>(
-    mut inbound: S,
+    inbound: S,
     requests: mpsc::UnboundedSender<Result<Admitted, ()>>,
 ) where
+    S: Stream<Item = Result<v1::ConsumeRequest, Status>> + Unpin,
+{
+    tokio::select! {
+        () = requests.closed() => {}
+        () = admit_requests(inbound, &requests) => {}
+    }
+}
+
+async fn admit_requests<S>(mut inbound: S, requests: &mpsc::UnboundedSender<Result<Admitted, ()>>)
+where
     S: Stream<Item = Result<v1::ConsumeRequest, Status>> + Unpin,
 {
     let settling = Arc::new(Semaphore::new(SETTLING_PER_STREAM as usize));
@@ -124,6 +136,17 @@ mod tests {
         let (next, permits) = requests.recv().await.unwrap().unwrap();
         assert_eq!(next, credit(5));
         assert!(permits.is_none());
+    }
+
+    #[tokio::test]
+    async fn stream_whose_server_gave_up_stayed_open_until_the_consumer_sent_again() {
+        let (sender, requests) = mpsc::unbounded_channel();
+        let reading = tokio::spawn(read_requests(futures::stream::pending(), sender));
+        drop(requests);
+        tokio::time::timeout(Duration::from_secs(5), reading)
+            .await
+            .expect("the reader kept waiting on a stream nobody serves")
+            .unwrap();
     }
 
     #[tokio::test]
