@@ -284,10 +284,9 @@ fn share_places(
 ) -> Vec<Option<OwnedSemaphorePermit>> {
     group_sizes
         .map(|size| {
-            let held = places.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
             places
                 .as_mut()
-                .and_then(|places| places.split(size.min(held)))
+                .and_then(|places| places.split(size.min(places.num_permits())))
         })
         .collect()
 }
