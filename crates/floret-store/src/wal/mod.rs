@@ -15,6 +15,8 @@
 //! payloads; the payloads follow it raw, one after the other, so that a
 //! stored message can point at its payload here instead of copying it
 //! (write once, see [`crate::resting::LoggedPayload`]).
+//! A sync first pads the segment to the end of its page with a padding
+//! frame, so the page a sync wrote is never written again.
 //! A new segment starts when the active one passes [`SEGMENT_BYTES`], with a
 //! checkpoint of every shard's vote, commit mark and purge point, so an old
 //! segment is only needed for the entries and the payloads it holds; it is
@@ -335,11 +337,16 @@ impl Wal {
         self.lock().shards.get(&shard).and_then(|log| log.committed)
     }
 
-    /// Makes everything appended so far durable.
+    /// Makes everything appended so far durable. The segment is first
+    /// padded to the end of its page: `fdatasync` writes the last page
+    /// whole, and without the padding the next append would dirty that
+    /// page again, so that at one message per call each sync wrote about
+    /// 1.6 pages (see `segment::padding_to_page_end`).
     pub fn sync(&self) -> io::Result<()> {
         let (active, segment, len) = {
-            let state = self.lock();
+            let mut state = self.lock();
             state.check()?;
+            state.pad_to_page_end()?;
             (state.active.file.clone(), state.active.id, state.active.len)
         };
         if crate::failpoints::fires("wal-skip-sync") {

@@ -101,6 +101,7 @@ pub(super) fn replay_segment(
                 log.last_purged = Some(upto);
             }
             Record::Forget { shard, before } => forget_before(shards, forgotten, shard, before),
+            Record::Padding => {}
         }
         offset += FRAME_HEADER + len;
     }

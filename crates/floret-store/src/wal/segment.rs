@@ -1,7 +1,8 @@
 //! The log's segment files: their names, creating one (and syncing the
 //! directory so it survives a crash), the records the log holds and the
-//! frame each is written as, and
-//! appending whole frames to the active segment.
+//! frame each is written as,
+//! appending whole frames to the active segment, and padding it to the
+//! end of its page before a sync.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -50,6 +51,10 @@ pub(super) enum Record {
         shard: ShardId,
         before: FramePosition,
     },
+    /// Fills the rest of a page before a sync ([`super::Wal::sync`]), so
+    /// that the frames after it start on a page of their own. Its payload
+    /// is zeros; recovery skips it.
+    Padding,
 }
 
 /// Where a frame starts: its segment, and its offset in that segment.
@@ -95,6 +100,27 @@ fn frame_with_payloads(record: &Record, payloads: &[Vec<u8>]) -> (Vec<u8>, u32) 
     (frame, (FRAME_HEADER + head.len()) as u32)
 }
 
+/// Bytes of a page: `fdatasync` writes a dirty page whole.
+pub(super) const PAGE_BYTES: u64 = 4096;
+
+/// The padding frame that takes a segment of `len` bytes to the end of
+/// its page (or of the next one, when the rest of this page is too short
+/// for a frame), or None when it ends on a page boundary already.
+pub(super) fn padding_to_page_end(len: u64) -> Option<Vec<u8>> {
+    let rest = (PAGE_BYTES - len % PAGE_BYTES) % PAGE_BYTES;
+    if rest == 0 {
+        return None;
+    }
+    let empty_padding_bytes = frame(&Record::Padding).len() as u64;
+    let padded = if rest >= empty_padding_bytes {
+        rest
+    } else {
+        rest + PAGE_BYTES
+    };
+    let zeros = vec![0; (padded - empty_padding_bytes) as usize];
+    Some(frame_with_payloads(&Record::Padding, &[zeros]).0)
+}
+
 pub(super) fn create_segment(dir: &Path, id: u64) -> io::Result<Segment> {
     let file = OpenOptions::new()
         .read(true)
@@ -133,6 +159,22 @@ impl WalState {
     /// Appends whole frames; a failed write is cut back off so the file never
     /// holds a partial frame while the node runs, and the log stops.
     pub(super) fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.write_to_segment(bytes)?;
+        self.written_since_open += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Pads the active segment to the end of its page, so that the next
+    /// sync does not write this page again. The padding is not counted in
+    /// `written_since_open`, which measures what writers log.
+    pub(super) fn pad_to_page_end(&mut self) -> io::Result<()> {
+        match padding_to_page_end(self.active.len) {
+            Some(padding) => self.write_to_segment(&padding),
+            None => Ok(()),
+        }
+    }
+
+    fn write_to_segment(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.check()?;
         if let Err(error) = (&*self.active.file).write_all(bytes) {
             let cut = self.active.file.set_len(self.active.len);
@@ -143,7 +185,6 @@ impl WalState {
             return self.latch(&what, Err(error));
         }
         self.active.len += bytes.len() as u64;
-        self.written_since_open += bytes.len() as u64;
         Ok(())
     }
 
@@ -160,5 +201,33 @@ impl WalState {
     pub(super) fn file_of_live_entry(&self, segment: u64) -> Arc<File> {
         self.file(segment)
             .expect("a segment with live entries is never deleted")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_ends_exactly_on_a_page_boundary() {
+        assert_eq!(padding_to_page_end(0), None);
+        assert_eq!(padding_to_page_end(2 * PAGE_BYTES), None);
+        for len in [
+            1,
+            100,
+            PAGE_BYTES - 9,
+            PAGE_BYTES - 8,
+            PAGE_BYTES - 1,
+            PAGE_BYTES + 5,
+        ] {
+            let padding = padding_to_page_end(len).expect("a partial page is padded");
+            let end = len + padding.len() as u64;
+            assert_eq!(
+                end % PAGE_BYTES,
+                0,
+                "padding after {len} bytes ends at {end}"
+            );
+            assert!(end - len <= 2 * PAGE_BYTES);
+        }
     }
 }

@@ -34,7 +34,6 @@ fn torn_write_at_the_end_is_cut_off_and_earlier_entries_survive() {
     {
         let wal = Wal::open(dir.path()).unwrap();
         append(&wal, 0, 1..4);
-        wal.sync().unwrap();
     }
     let segment = segment_path(dir.path(), 1);
     let len = fs::metadata(&segment).unwrap().len();
@@ -391,5 +390,50 @@ fn append_that_would_leave_a_hole_in_the_log_is_refused() {
     assert!(
         wal.failure().is_none(),
         "a refused append does not stop the log"
+    );
+}
+
+#[test]
+fn sync_after_a_small_append_leaves_no_page_for_the_next_append_to_dirty_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let segment = segment_path(dir.path(), 1);
+    {
+        let wal = Wal::open(dir.path()).unwrap();
+        append(&wal, 0, 1..2);
+        let logged = wal.bytes_written();
+        wal.sync().unwrap();
+        assert_eq!(fs::metadata(&segment).unwrap().len(), 4096);
+        assert_eq!(
+            wal.bytes_written(),
+            logged,
+            "padding is not counted as written"
+        );
+        append(&wal, 0, 2..3);
+        wal.sync().unwrap();
+        assert_eq!(fs::metadata(&segment).unwrap().len(), 2 * 4096);
+        wal.sync().unwrap();
+        assert_eq!(
+            fs::metadata(&segment).unwrap().len(),
+            2 * 4096,
+            "nothing to pad"
+        );
+    }
+    let len = fs::metadata(&segment).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+
+    let wal = Wal::open(dir.path()).unwrap();
+    let cut = wal.cut_at_open();
+    assert!(
+        0 < cut && cut < 4096,
+        "only the torn padding is cut, not {cut} bytes"
+    );
+    assert_eq!(
+        metas(wal.read(0, 1..).unwrap()),
+        vec![vec![1; 100], vec![2; 100]]
     );
 }
