@@ -14,12 +14,14 @@ pub const MARKER_FILE: &str = "FLORET";
 /// stores most message runs packed (`runs/packed.rs`), which a format-4
 /// build cannot read. Format 6 removes a message at its producer's head by
 /// moving the head alone, without a removal mark (`runs/removed.rs`): a
-/// format-5 build would take such messages for stored.
-pub const FORMAT_VERSION: u32 = 6;
+/// format-5 build would take such messages for stored. Format 7 pads the
+/// raft log to a page's end before each sync with a frame a format-6
+/// build does not know (`wal/segment.rs`).
+pub const FORMAT_VERSION: u32 = 7;
 
 /// Older formats this build reads as they are: their data dirs are marked
 /// with [`FORMAT_VERSION`] on open, so an older build no longer opens them.
-const UPGRADED_FORMATS: [u32; 2] = [4, 5];
+const UPGRADED_FORMATS: [u32; 3] = [4, 5, 6];
 
 /// Checks (or, for a new data dir, writes) the format marker; true when
 /// the data dir was created.
@@ -80,8 +82,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_format_4_or_5_data_dir_is_read_and_marked_so_an_older_build_refuses_it() {
-        for old in ["format 4\n", "format 5\n"] {
+    fn an_older_format_data_dir_is_read_and_marked_so_an_older_build_refuses_it() {
+        for old in ["format 4\n", "format 5\n", "format 6\n"] {
             let dir = tempfile::tempdir().unwrap();
             fs::write(dir.path().join(MARKER_FILE), old).unwrap();
             assert!(!check_marker(dir.path()).unwrap());
@@ -93,7 +95,7 @@ mod tests {
 
     #[test]
     fn a_format_this_build_does_not_read_is_refused_untouched() {
-        for found in ["format 3", "format 7", "something else"] {
+        for found in ["format 3", "format 8", "something else"] {
             let dir = tempfile::tempdir().unwrap();
             fs::write(dir.path().join(MARKER_FILE), found).unwrap();
             assert!(matches!(
