@@ -24,6 +24,17 @@ fn metas(entries: Vec<EncodedEntry>) -> Vec<Vec<u8>> {
     entries.into_iter().map(|entry| entry.meta).collect()
 }
 
+/// Cuts `bytes` off the end of `segment`, as a torn write leaves it.
+fn cut_off_the_last_bytes(segment: &Path, bytes: u64) {
+    let len = fs::metadata(segment).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(segment)
+        .unwrap()
+        .set_len(len - bytes)
+        .unwrap();
+}
+
 fn segments(dir: &Path) -> usize {
     fs::read_dir(dir).unwrap().count()
 }
@@ -36,13 +47,7 @@ fn torn_write_at_the_end_is_cut_off_and_earlier_entries_survive() {
         append(&wal, 0, 1..4);
     }
     let segment = segment_path(dir.path(), 1);
-    let len = fs::metadata(&segment).unwrap().len();
-    OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len - 10)
-        .unwrap();
+    cut_off_the_last_bytes(&segment, 10);
 
     let wal = Wal::open(dir.path()).unwrap();
     assert_eq!(wal.log_state(0), (None, Some(log_id(2))));
@@ -418,13 +423,7 @@ fn sync_after_a_small_append_leaves_no_page_for_the_next_append_to_dirty_again()
             "nothing to pad"
         );
     }
-    let len = fs::metadata(&segment).unwrap().len();
-    OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len - 10)
-        .unwrap();
+    cut_off_the_last_bytes(&segment, 10);
 
     let wal = Wal::open(dir.path()).unwrap();
     let cut = wal.cut_at_open();
