@@ -29,9 +29,8 @@
 
 use std::time::{Duration, Instant};
 
-/// A sync that carries at least this many new bytes is never held back:
-/// the page `fdatasync` writes anyway is full.
-pub const PAGE_BYTES: u64 = 4096;
+use crate::wal::PAGE_BYTES;
+
 /// The longest a waiter is held for other writes to join its sync. Under
 /// load a produce waits for two syncs in parallel (leader and followers),
 /// so this adds at most about this much to its latency.
@@ -80,6 +79,7 @@ impl SyncPacer {
         let synced = self.last_sync.map_or(0, |(_, bytes)| bytes);
         let unsynced = bytes_written.saturating_sub(synced);
         if unsynced >= PAGE_BYTES {
+            // The page `fdatasync` writes anyway is full.
             return Pace::SyncNow;
         }
         let deadline = first_waiter_at + MAX_LINGER;

@@ -76,6 +76,9 @@ use segment::{Record, create_segment, entry_frame, frame, segment_path};
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Frame header: length and checksum.
 const FRAME_HEADER: usize = 8;
+/// Bytes of a page: `fdatasync` writes a dirty page whole, so a sync ends
+/// the segment on a page boundary and costs the disk at least this much.
+pub const PAGE_BYTES: u64 = 4096;
 /// No frame is larger: a raft entry is bounded well below it by the node's
 /// request and batching limits (see floret-server's config). A frame that
 /// claims more, running past the end of the log, is a damaged length, not a

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use openraft::Vote;
 use serde::{Deserialize, Serialize};
 
-use super::{EncodedEntry, FRAME_HEADER, Segment, WalState};
+use super::{EncodedEntry, FRAME_HEADER, PAGE_BYTES, Segment, WalState};
 use crate::records::encode;
 use crate::types::{LogId, NodeId, ShardId};
 
@@ -99,9 +99,6 @@ fn frame_with_payloads(record: &Record, payloads: &[Vec<u8>]) -> (Vec<u8>, u32) 
     frame[4..FRAME_HEADER].copy_from_slice(&crc.to_le_bytes());
     (frame, (FRAME_HEADER + head.len()) as u32)
 }
-
-/// Bytes of a page: `fdatasync` writes a dirty page whole.
-pub(super) const PAGE_BYTES: u64 = 4096;
 
 /// The padding frame that takes a segment of `len` bytes to the end of
 /// its page (or of the next one, when the rest of this page is too short
