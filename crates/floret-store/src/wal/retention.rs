@@ -51,7 +51,9 @@ impl Wal {
             .filter(|&id| !state.pins.is_pinned(id))
             .collect();
         if !obsolete.is_empty() {
-            // The purge record must be durable before the entries it drops vanish.
+            // The purge record must be durable before the entries it drops
+            // vanish; padded first, as every sync is (`Wal::sync`).
+            state.pad_to_page_end()?;
             let synced = state.active.file.sync_data();
             state.latch("fdatasync before deleting segments", synced)?;
             for id in obsolete {
@@ -146,5 +148,34 @@ impl Wal {
     /// The sync that began with `capture` made the state machines durable.
     pub fn pins_synced(&self, capture: PinCapture) {
         self.lock().pins.synced(capture);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use crate::types::LogId;
+    use crate::wal::{EncodedEntry, PAGE_BYTES, Wal};
+
+    #[test]
+    fn purge_that_deletes_segments_syncs_a_padded_page_like_any_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open_with_segment_bytes(dir.path(), 300).unwrap();
+        let log_id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        for index in 1..10 {
+            let entry = EncodedEntry {
+                meta: vec![0; 100],
+                payloads: Vec::new(),
+            };
+            wal.append(0, vec![(log_id(index), entry)]).unwrap();
+        }
+        let segments_before = wal.segments_on_disk().0;
+        wal.purge(0, log_id(8)).unwrap();
+        assert!(
+            wal.segments_on_disk().0 < segments_before,
+            "no segment deleted"
+        );
+        assert_eq!(wal.lock().active.len % PAGE_BYTES, 0);
     }
 }
